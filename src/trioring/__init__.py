@@ -1,0 +1,36 @@
+"""trioring: Trio-native collective communication (allreduce, broadcast, barrier) for numpy
+arrays across processes, over TCP or Unix sockets."""
+
+from ._communicator import (
+    Communicator as Communicator,
+    ReduceOp as ReduceOp,
+    open_communicator as open_communicator,
+)
+from ._errors import (
+    CollectiveError as CollectiveError,
+    CollectiveMismatchError as CollectiveMismatchError,
+    CommunicatorBrokenError as CommunicatorBrokenError,
+    CommunicatorBusyError as CommunicatorBusyError,
+    CommunicatorClosedError as CommunicatorClosedError,
+    ConfigurationError as ConfigurationError,
+    InvalidArgumentError as InvalidArgumentError,
+    PeerAbortedError as PeerAbortedError,
+    PeerFailedError as PeerFailedError,
+    ProtocolError as ProtocolError,
+    RendezvousError as RendezvousError,
+    TransportUnavailable as TransportUnavailable,
+    TrioringError as TrioringError,
+)
+from ._registry import (
+    Capability as Capability,
+    capabilities as capabilities,
+    is_available as is_available,
+    register_transport as register_transport,
+)
+from ._version import __version__ as __version__
+
+# Objects say they live where users import them from (for repr, docs and pickling of errors).
+for _name, _obj in list(globals().items()):
+    if getattr(_obj, "__module__", "").startswith("trioring._"):
+        _obj.__module__ = __name__
+del _name, _obj

@@ -1,0 +1,199 @@
+"""The collective algorithms: ring allreduce, binomial-tree broadcast, dissemination barrier.
+
+They know peers (:class:`~trioring._framing.Link`) and buffers, never sockets. Each one
+sends and receives concurrently (one task per direction), so that no rank ever waits for its
+own send to finish before it receives: that would deadlock on unbuffered streams and stall on
+full socket buffers. Arrays are processed in chunks of ``chunk_bytes`` so large arrays stream
+through the ring or tree instead of being sent whole at every step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, final
+
+import attrs
+import numpy as np
+import trio
+
+from ._concurrency import run_concurrently
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Iterator
+
+    from ._framing import Link, OpSpec
+
+__all__ = ["World", "barrier", "broadcast", "ring_allreduce", "tree_neighbours"]
+
+
+@final
+@attrs.define(eq=False)
+class World:
+    """What an algorithm needs to know about this rank's place in the world."""
+
+    rank: int
+    size: int
+    links: dict[int, Link]
+    chunk_bytes: int
+    scratch: np.ndarray[tuple[int], np.dtype[np.uint8]]
+
+
+def _chunks(lo: int, hi: int, chunk: int) -> Iterator[tuple[int, int]]:
+    """(offset, count) pieces of [lo, hi). An empty range still yields one empty piece, so
+    every link carries at least one frame per step and a mismatch never goes unnoticed."""
+    if hi <= lo:
+        yield lo, 0
+        return
+    for start in range(lo, hi, chunk):
+        yield start, min(chunk, hi - start)
+
+
+def _bytes(flat: np.ndarray, offset: int, count: int) -> memoryview:
+    return flat[offset : offset + count].view(np.uint8).data
+
+
+async def ring_allreduce(
+    world: World,
+    spec: OpSpec,
+    flat: np.ndarray,
+    reduce: np.ufunc,
+    *,
+    divide: bool,
+) -> None:
+    """Reduce ``flat`` in place across the ring: n-1 reduce-scatter steps, then n-1
+    all-gather steps, each moving one of n segments to the right-hand neighbour.
+
+    After reduce-scatter, rank r owns the finished segment (r+1) mod n; that segment is
+    computed on that rank only (and, for a mean, divided by n there, once) and then copied
+    to every rank by the all-gather, so the result is bitwise identical everywhere.
+
+    One sender task streams chunks to the right; one receiver task takes chunks from the
+    left, reduces them into place and hands each finished chunk to the sender for the next
+    step, so steps pipeline chunk by chunk.
+    """
+    n, r = world.size, world.rank
+    if n == 1:
+        return  # the sum, min, max, product or mean of one array is itself
+    total = flat.shape[0]
+    itemsize = flat.dtype.itemsize
+    chunk = max(1, world.chunk_bytes // itemsize)
+    bounds = [i * total // n for i in range(n + 1)]
+    left, right = world.links[(r - 1) % n], world.links[(r + 1) % n]
+    scratch = world.scratch[: chunk * itemsize].view(flat.dtype)
+    ready_send, ready_receive = trio.open_memory_channel[tuple[int, int]](math.inf)
+    steps = 2 * (n - 1)
+
+    def segment(index: int) -> Iterator[tuple[int, int]]:
+        index %= n
+        return _chunks(bounds[index], bounds[index + 1], chunk)
+
+    async def sender() -> None:
+        for offset, count in segment(r):
+            await right.send(spec, offset, _bytes(flat, offset, count))
+        async with ready_receive:
+            async for offset, count in ready_receive:
+                await right.send(spec, offset, _bytes(flat, offset, count))
+
+    async def receiver() -> None:
+        # Overflow to inf is a valid result, and a warning would appear only on the rank that
+        # happened to own the segment; MPI is silent too.
+        with np.errstate(all="ignore"), ready_send:
+            for step in range(steps):
+                reducing = step < n - 1
+                index = r - step - 1 if reducing else r - (step - (n - 1))
+                for offset, count in segment(index):
+                    target = flat[offset : offset + count]
+                    if reducing:
+                        incoming = scratch[:count]
+                        await left.recv(spec, offset, incoming.view(np.uint8).data)
+                        reduce(target, incoming, out=target)
+                        if divide and step == n - 2:
+                            np.divide(target, n, out=target)
+                    else:
+                        await left.recv(spec, offset, target.view(np.uint8).data)
+                    if step < steps - 1:
+                        ready_send.send_nowait((offset, count))
+
+    await run_concurrently(sender, receiver)
+
+
+def tree_neighbours(rank: int, size: int, root: int) -> tuple[int | None, list[int]]:
+    """Parent and children of ``rank`` in the binomial tree rooted at ``root``.
+
+    In "virtual" ranks v = (rank - root) mod n, v's parent is v with its lowest set bit
+    cleared and its children are v + 2^k for every 2^k below that bit (largest subtree
+    first), so the data reaches everyone in ceil(log2 n) rounds.
+    """
+    v = (rank - root) % size
+    mask = 1
+    parent = None
+    while mask < size:
+        if v & mask:
+            parent = (v - mask + root) % size
+            break
+        mask <<= 1
+    children = []
+    mask >>= 1
+    while mask > 0:
+        if v + mask < size:
+            children.append((v + mask + root) % size)
+        mask >>= 1
+    return parent, children
+
+
+async def broadcast(world: World, spec: OpSpec, flat: np.ndarray, root: int) -> None:
+    """Copy root's ``flat`` into every rank's ``flat`` along a binomial tree, chunk by chunk:
+    each rank forwards a chunk to its children as soon as it has received it."""
+    if world.size == 1:
+        return
+    parent, children = tree_neighbours(world.rank, world.size, root)
+    chunk = max(1, world.chunk_bytes // flat.dtype.itemsize)
+    pieces = list(_chunks(0, flat.shape[0], chunk))
+    channels = [trio.open_memory_channel[tuple[int, int]](math.inf) for _ in children]
+
+    def child_sender(child: int, index: int) -> Callable[[], Awaitable[None]]:
+        link = world.links[child]
+        receive_channel = channels[index][1]
+
+        async def send() -> None:
+            async with receive_channel:
+                async for offset, count in receive_channel:
+                    await link.send(spec, offset, _bytes(flat, offset, count))
+
+        return send
+
+    async def receiver() -> None:
+        send_channels = [send for send, _ in channels]
+        try:
+            for offset, count in pieces:
+                if parent is not None:
+                    await world.links[parent].recv(spec, offset, _bytes(flat, offset, count))
+                for channel in send_channels:
+                    channel.send_nowait((offset, count))
+        finally:
+            for channel in send_channels:
+                channel.close()
+
+    await run_concurrently(receiver, *(child_sender(c, i) for i, c in enumerate(children)))
+
+
+async def barrier(world: World, spec: OpSpec) -> None:
+    """Dissemination barrier: in round k every rank sends a token to rank + 2^k and waits for
+    the token from rank - 2^k, for ceil(log2 n) rounds. No rank leaves before every rank has
+    entered. Tokens are frames carrying the barrier's sequence number and the round (as the
+    offset), and each is verified, so a token from an earlier barrier can never release a
+    later one."""
+    n, r = world.size, world.rank
+    empty = memoryview(b"")
+    distance, round_ = 1, 0
+    while distance < n:
+        to, frm = world.links[(r + distance) % n], world.links[(r - distance) % n]
+
+        async def send(link: Link = to, token: int = round_) -> None:
+            await link.send(spec, token, empty)
+
+        async def receive(link: Link = frm, token: int = round_) -> None:
+            await link.recv(spec, token, empty)
+
+        await run_concurrently(send, receive)
+        distance, round_ = distance * 2, round_ + 1

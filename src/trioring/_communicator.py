@@ -1,0 +1,495 @@
+"""The Communicator: sequencing, state (open / broken / closed) and error handling around the
+collective algorithms."""
+
+from __future__ import annotations
+
+import enum
+import functools
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, final
+
+import numpy as np
+import trio
+
+from . import _algorithms, _config, _registry
+from ._errors import (
+    CollectiveMismatchError,
+    CommunicatorBrokenError,
+    CommunicatorBusyError,
+    CommunicatorClosedError,
+    InvalidArgumentError,
+    PeerAbortedError,
+    PeerFailedError,
+    ProtocolError,
+)
+from ._framing import DTYPE_CODES, OP_NAMES, AbortKind, Kind, Link, OpSpec
+from ._rendezvous import connect_world
+from ._util import NoPublicConstructor
+from .transports import TcpTransport, Transport, TransportContext, UnixTransport
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator, Awaitable, Callable
+
+__all__ = ["Communicator", "ReduceOp", "open_communicator"]
+
+#: Bytes per frame of bulk data. Large enough that per-frame costs vanish, small enough that a
+#: ring step streams (and that the reusable scratch buffer stays small).
+DEFAULT_CHUNK_BYTES = 1024 * 1024
+#: How long a breaking communicator spends telling its peers why, before closing anyway.
+_ABORT_NOTICE_SECONDS = 0.25
+_PAGE = 4096
+
+
+class ReduceOp(enum.StrEnum):
+    """Reduce operations for :meth:`Communicator.allreduce`. Each member equals its string
+    name, so ``op="mean"`` and ``op=ReduceOp.MEAN`` are interchangeable."""
+
+    SUM = "sum"
+    MEAN = "mean"
+    MIN = "min"
+    MAX = "max"
+    PROD = "prod"
+
+
+_UFUNCS: dict[ReduceOp, np.ufunc] = {
+    ReduceOp.SUM: np.add,
+    ReduceOp.MEAN: np.add,
+    ReduceOp.MIN: np.minimum,
+    ReduceOp.MAX: np.maximum,
+    ReduceOp.PROD: np.multiply,
+}
+
+
+class _State(enum.Enum):
+    OPEN = "open"
+    BROKEN = "broken"
+    CLOSED = "closed"
+
+
+def _aligned_scratch(nbytes: int) -> np.ndarray[tuple[int], np.dtype[np.uint8]]:
+    # Page-aligned: glibc memcpy is ~10x slower when source and destination are 16 bytes
+    # apart modulo 4096, which an arbitrary malloc'ed buffer can be.
+    raw = np.zeros(nbytes + _PAGE, dtype=np.uint8)
+    start = (-raw.ctypes.data) % _PAGE
+    return raw[start : start + nbytes]
+
+
+def _is_cancellation(exc: BaseException) -> bool:
+    if isinstance(exc, trio.Cancelled):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        _, rest = exc.split(trio.Cancelled)
+        return rest is None
+    return False
+
+
+@final
+class Communicator(metaclass=NoPublicConstructor):
+    """A connected group of ``world_size`` ranks that run collectives together.
+
+    Get one from :func:`open_communicator` (or :func:`trioring.testing.open_local_world`);
+    do not instantiate it yourself.
+
+    **Ordering.** Every rank must call the same collectives, with the same dtype, element
+    count, op and root, in the same order. Each call gets the next sequence number (1, 2,
+    ...); every frame on the wire carries the call's identity, and a rank that receives
+    anything else raises :class:`~trioring.CollectiveMismatchError` naming both sides. One
+    communicator runs one collective at a time: a second task calling in while one runs gets
+    :class:`~trioring.CommunicatorBusyError` (open several communicators for concurrency).
+
+    **Arrays.** Collectives work in place on numpy arrays of any shape that are C-contiguous,
+    writable and of a supported dtype (int8..int64, uint8..uint64, float16/32/64,
+    complex64/128, native byte order). Only the element count must match across ranks, not
+    the shape. Bad arrays raise :class:`~trioring.InvalidArgumentError` before any I/O.
+
+    **Failure and cancellation.** If a collective is cancelled (by a cancel scope of the
+    caller: ``trio.fail_after``, ``move_on_after``, a nursery being cancelled) or fails on
+    this rank, the array's contents are unspecified, and the communicator is *broken*: it
+    tells each peer it can (an abort frame with the reason, best effort, for at most
+    0.25 s), closes all its connections, and every later call raises
+    :class:`~trioring.CommunicatorBrokenError`. Each peer's current or next collective then
+    raises promptly (:class:`~trioring.PeerAbortedError` with reason ``"cancelled"``,
+    :class:`~trioring.PeerFailedError`, or the relayed mismatch) instead of hanging, and
+    that peer's communicator breaks in turn. No task is left running. Open a new communicator
+    to continue. Errors raised *before* any I/O (bad arguments, busy, already cancelled on
+    entry) do not break it.
+    """
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        transport: Transport,
+        links: dict[int, Link],
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+    ) -> None:
+        self._rank = rank
+        self._world_size = world_size
+        self._transport = transport
+        self._links = links
+        self._seq = 0
+        self._state = _State.OPEN
+        self._broken_by: BaseException | None = None
+        self._running: OpSpec | None = None
+        self._world = _algorithms.World(
+            rank=rank,
+            size=world_size,
+            links=links,
+            chunk_bytes=chunk_bytes,
+            scratch=_aligned_scratch(chunk_bytes if world_size > 1 else 0),
+        )
+
+    # -- properties --------------------------------------------------------------------
+
+    @property
+    def rank(self) -> int:
+        """This process's rank, ``0 <= rank < world_size``."""
+        return self._rank
+
+    @property
+    def world_size(self) -> int:
+        """The number of ranks."""
+        return self._world_size
+
+    @property
+    def transport(self) -> str:
+        """The name of the data transport (``"tcp"``, ``"unix"``, ``"memory"``, ...)."""
+        return self._transport.name
+
+    @property
+    def seq(self) -> int:
+        """Sequence number of the last collective started (0 before the first)."""
+        return self._seq
+
+    @property
+    def broken(self) -> bool:
+        """Whether a collective failed or was cancelled on this communicator."""
+        return self._state is _State.BROKEN or self._broken_by is not None
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`aclose` was called."""
+        return self._state is _State.CLOSED
+
+    def __repr__(self) -> str:
+        return (
+            f"<trioring.Communicator rank={self._rank} world_size={self._world_size} "
+            f"transport={self.transport!r} seq={self._seq} state={self._state.value}>"
+        )
+
+    # -- collectives -------------------------------------------------------------------
+
+    async def allreduce(self, array: np.ndarray[Any, Any], *, op: ReduceOp | str = "sum") -> None:
+        """Reduce ``array`` element-wise across all ranks, in place.
+
+        On return, ``array`` holds the reduction of every rank's input and is **bitwise
+        identical on every rank**: each element is reduced on exactly one rank and copied to
+        the others. (The order in which float inputs are added depends on the element's
+        position, so the result may differ in the last bits from ``np.sum`` over ranks.)
+
+        Args:
+            array: C-contiguous, writable numpy array of a supported dtype; same dtype and
+                element count on every rank.
+            op: ``"sum"`` (default), ``"mean"``, ``"min"``, ``"max"`` or ``"prod"``, or a
+                :class:`ReduceOp`; the same on every rank. ``"min"``/``"max"`` refuse complex
+                dtypes and ``"mean"`` refuses integer dtypes. A mean is a sum divided by
+                ``world_size`` in the array's dtype; the division happens once per element,
+                on the rank that finishes that element's sum, before it is shared.
+
+        Algorithm: ring reduce-scatter then ring all-gather, streamed in 1 MiB chunks; each
+        rank sends and receives ``2 (n-1)/n`` times the array.
+
+        Raises:
+            InvalidArgumentError: bad array or op (before any I/O; the communicator stays
+                usable).
+            CollectiveError: a subclass saying what went wrong, after which the communicator
+                is broken (see the class docs for cancellation).
+        """
+        kind = Kind.ALLREDUCE
+        reduce_op = self._check_op(op)
+        flat = self._check_array(array, kind)
+        if reduce_op in (ReduceOp.MIN, ReduceOp.MAX) and flat.dtype.kind == "c":
+            raise self._invalid(
+                kind, f"op {reduce_op.value!r} is not defined for complex dtype {flat.dtype}"
+            )
+        if reduce_op is ReduceOp.MEAN and flat.dtype.kind in "iu":
+            raise self._invalid(
+                kind,
+                f"op 'mean' needs a floating or complex dtype, not {flat.dtype} (the mean of "
+                "integers is not an integer); use 'sum' and divide, or convert first",
+            )
+        spec = functools.partial(
+            OpSpec,
+            kind,
+            dtype_code=DTYPE_CODES[flat.dtype],
+            count=flat.shape[0],
+            op_code=OP_NAMES.index(reduce_op.value) + 1,
+        )
+        ufunc = _UFUNCS[reduce_op]
+
+        async def body(op_spec: OpSpec) -> None:
+            await _algorithms.ring_allreduce(
+                self._world, op_spec, flat, ufunc, divide=reduce_op is ReduceOp.MEAN
+            )
+
+        await self._run(kind, spec, body)
+
+    async def broadcast(self, array: np.ndarray[Any, Any], *, root: int = 0) -> None:
+        """Copy ``root``'s ``array`` into ``array`` on every other rank, in place.
+
+        On return, ``array`` is **bitwise identical on every rank**. Every rank passes an
+        array of the same dtype and element count (non-root contents are overwritten; the
+        root's array is only read, but must still be writable).
+
+        Algorithm: binomial tree rooted at ``root``, streamed in chunks, so each rank receives
+        the data once and the root's data reaches everyone in ``ceil(log2 n)`` hops.
+
+        Raises:
+            InvalidArgumentError: bad array or ``root`` not in ``range(world_size)``.
+            CollectiveError: see :meth:`allreduce`.
+        """
+        kind = Kind.BROADCAST
+        if isinstance(root, bool) or not isinstance(root, int | np.integer):
+            raise self._invalid(kind, f"root must be an int rank, got {root!r}")
+        if not 0 <= root < self._world_size:
+            raise self._invalid(
+                kind, f"root {root} is not a rank of this world (0..{self._world_size - 1})"
+            )
+        root = int(root)
+        flat = self._check_array(array, kind)
+        spec = functools.partial(
+            OpSpec, kind, dtype_code=DTYPE_CODES[flat.dtype], count=flat.shape[0], root=root
+        )
+
+        async def body(op_spec: OpSpec) -> None:
+            await _algorithms.broadcast(self._world, op_spec, flat, root)
+
+        await self._run(kind, spec, body)
+
+    async def barrier(self) -> None:
+        """Return once every rank has entered this barrier.
+
+        Algorithm: dissemination barrier (``ceil(log2 n)`` rounds of token exchange). Each
+        token carries the barrier's sequence number and round and is checked, so a token left
+        over from an earlier barrier can never release a later one.
+
+        Raises:
+            CollectiveError: see :meth:`allreduce`.
+        """
+        kind = Kind.BARRIER
+
+        async def body(op_spec: OpSpec) -> None:
+            await _algorithms.barrier(self._world, op_spec)
+
+        await self._run(kind, functools.partial(OpSpec, kind), body)
+
+    async def aclose(self) -> None:
+        """Close every connection. Idempotent; later calls raise
+        :class:`~trioring.CommunicatorClosedError`. Peers that are still inside a collective
+        with this rank see :class:`~trioring.PeerFailedError`. A collective running in another
+        task raises :class:`~trioring.CommunicatorClosedError`."""
+        if self._state is not _State.CLOSED:
+            self._state = _State.CLOSED
+            with trio.CancelScope(shield=True):
+                await self._close_connections()
+        await trio.lowlevel.checkpoint()
+
+    # -- machinery ---------------------------------------------------------------------
+
+    def _where(self, kind: Kind, seq: int | None = None) -> str:
+        return f"rank {self._rank}: {kind.label} #{self._seq + 1 if seq is None else seq}"
+
+    def _invalid(self, kind: Kind, message: str) -> InvalidArgumentError:
+        return InvalidArgumentError(
+            f"{self._where(kind)}: {message}",
+            rank=self._rank,
+            collective=kind.label,
+            seq=self._seq + 1,
+        )
+
+    def _check_op(self, op: ReduceOp | str) -> ReduceOp:
+        try:
+            return ReduceOp(op)
+        except ValueError:
+            names = ", ".join(repr(o.value) for o in ReduceOp)
+            raise self._invalid(
+                Kind.ALLREDUCE, f"unknown op {op!r}; expected one of {names}"
+            ) from None
+
+    def _check_array(self, array: object, kind: Kind) -> np.ndarray[Any, Any]:
+        if not isinstance(array, np.ndarray):
+            raise self._invalid(kind, f"expected a numpy.ndarray, got {type(array).__name__}")
+        dtype = array.dtype
+        if dtype not in DTYPE_CODES:
+            if dtype.byteorder not in "=|" and dtype.newbyteorder("=") in DTYPE_CODES:
+                detail = f"dtype {dtype.str} is not in native byte order; convert with .astype({dtype.name!r})"
+            else:
+                supported = ", ".join(dt.name for dt in DTYPE_CODES)
+                detail = f"dtype {dtype} is not supported; supported dtypes: {supported}"
+            raise self._invalid(kind, detail)
+        if not array.flags.c_contiguous:
+            raise self._invalid(
+                kind, "array is not C-contiguous; pass np.ascontiguousarray(a) and copy back"
+            )
+        if not array.flags.writeable:
+            raise self._invalid(kind, "array is read-only; collectives work in place")
+        return array.reshape(-1)
+
+    def _check_usable(self, kind: Kind) -> None:
+        if self._state is _State.CLOSED:
+            raise CommunicatorClosedError(
+                f"{self._where(kind)}: the communicator is closed",
+                rank=self._rank,
+                collective=kind.label,
+                seq=self._seq + 1,
+            )
+        if self._state is _State.BROKEN:
+            raise CommunicatorBrokenError(
+                f"{self._where(kind)}: the communicator is broken since collective "
+                f"#{self._seq} failed ({type(self._broken_by).__name__}: {self._broken_by}); "
+                "open a new communicator",
+                rank=self._rank,
+                collective=kind.label,
+                seq=self._seq + 1,
+            ) from self._broken_by
+        if self._running is not None:
+            raise CommunicatorBusyError(
+                f"{self._where(kind)}: another task is running {self._running.describe()} on "
+                "this communicator; call collectives one at a time, in the same order on "
+                "every rank",
+                rank=self._rank,
+                collective=kind.label,
+                seq=self._seq + 1,
+            )
+
+    async def _run(
+        self,
+        kind: Kind,
+        make_spec: Callable[..., OpSpec],
+        body: Callable[[OpSpec], Awaitable[None]],
+    ) -> None:
+        self._check_usable(kind)
+        # An already-cancelled caller gets Cancelled here, before any I/O, so the communicator
+        # stays usable.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._check_usable(kind)
+        self._seq += 1
+        spec = make_spec(seq=self._seq)
+        self._running = spec
+        try:
+            if self._world_size == 1:
+                await body(spec)
+                await trio.lowlevel.cancel_shielded_checkpoint()
+            else:
+                await body(spec)
+        except BaseException as exc:
+            await self._break(exc, spec)
+            raise
+        finally:
+            self._running = None
+
+    def _abort_notice(self, exc: BaseException) -> tuple[AbortKind, int, str]:
+        if _is_cancellation(exc):
+            return AbortKind.CANCELLED, self._rank, "cancelled"
+        relayed = getattr(exc, "_trioring_abort", None)
+        if relayed is not None:
+            kind, subject, reason = relayed
+            return AbortKind(kind), subject, reason
+        if isinstance(exc, PeerFailedError) and exc.peer is not None:
+            return AbortKind.FAILED, exc.peer, str(exc)
+        if isinstance(exc, CollectiveMismatchError):
+            return AbortKind.MISMATCH, self._rank, str(exc)
+        if isinstance(exc, ProtocolError):
+            return AbortKind.PROTOCOL, self._rank, str(exc)
+        if isinstance(exc, PeerAbortedError) and exc.peer is not None:
+            return AbortKind.CANCELLED, exc.peer, exc.reason
+        return AbortKind.ERROR, self._rank, f"{type(exc).__name__}: {exc}"
+
+    async def _break(self, exc: BaseException, spec: OpSpec) -> None:
+        """Enter the broken state: tell peers why (best effort), then close everything."""
+        if self._state is _State.OPEN:
+            self._state = _State.BROKEN
+            self._broken_by = exc
+        kind, subject, reason = self._abort_notice(exc)
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(_ABORT_NOTICE_SECONDS):
+                async with trio.open_nursery() as nursery:
+                    for link in self._links.values():
+                        if link.send_clean:
+                            nursery.start_soon(link.send_abort, kind, subject, spec.seq, reason)
+            await self._close_connections()
+
+    async def _close_connections(self) -> None:
+        for link in self._links.values():
+            await trio.aclose_forcefully(link.connection)
+        self._transport.close()
+
+
+async def _create_communicator(
+    config: _config.Config,
+    make_transport: Callable[[TransportContext], Transport],
+    *,
+    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+) -> Communicator:
+    if config.transport == "memory":
+        make_rendezvous: Callable[[TransportContext], Transport] = make_transport
+    elif config.rendezvous_over_socket_dir:
+        make_rendezvous = UnixTransport
+    else:
+        make_rendezvous = TcpTransport
+    transport, links = await connect_world(config, make_transport, make_rendezvous)
+    return Communicator._create(
+        rank=config.rank,
+        world_size=config.world_size,
+        transport=transport,
+        links=links,
+        chunk_bytes=chunk_bytes,
+    )
+
+
+@asynccontextmanager
+async def open_communicator(
+    *,
+    rank: int | None = None,
+    world_size: int | None = None,
+    master_addr: str | None = None,
+    master_port: int | None = None,
+    transport: str | None = None,
+) -> AsyncIterator[Communicator]:
+    """Join a world of ``world_size`` processes and yield a connected :class:`Communicator`;
+    close it on exit.
+
+    Every argument left as ``None`` is read from the environment, as ``torch.distributed``
+    does: ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, and
+    ``TRIORING_TRANSPORT`` (``"tcp"`` by default, ``"unix"``, or any registered transport).
+    With ``TRIORING_TRANSPORT=unix`` and ``TRIORING_SOCKET_DIR`` set to a directory shared by
+    all ranks, no TCP port is used at all; without it, rendezvous goes through
+    ``MASTER_ADDR:MASTER_PORT`` and data through Unix sockets. A world of size 1 needs no
+    address. Missing or invalid settings raise :class:`~trioring.ConfigurationError` naming
+    the variable, and an unknown or unavailable transport raises
+    :class:`~trioring.ConfigurationError` or :class:`~trioring.TransportUnavailable`, all
+    before any I/O.
+
+    Rank 0 listens at ``MASTER_ADDR:MASTER_PORT``; the other ranks retry connecting until it
+    does. There is no internal timeout: wrap the call in ``trio.fail_after`` to bound how long
+    to wait for missing ranks. Cancellation while connecting closes everything opened so far.
+
+    Raises:
+        ConfigurationError, TransportUnavailable: before any I/O.
+        RendezvousError: the world is inconsistent (different ``WORLD_SIZE``, duplicate
+            ``RANK``, different transports) or a peer cannot be reached.
+    """
+    config = _config.resolve(
+        rank=rank,
+        world_size=world_size,
+        master_addr=master_addr,
+        master_port=master_port,
+        transport=transport,
+    )
+    transport_cls = _registry.get_transport(config.transport)
+    comm = await _create_communicator(config, transport_cls)
+    try:
+        yield comm
+    finally:
+        await comm.aclose()

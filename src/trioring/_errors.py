@@ -1,0 +1,184 @@
+"""The exception hierarchy.
+
+Every exception trioring raises on purpose derives from :class:`TrioringError`::
+
+    TrioringError
+    ├── ConfigurationError (also ValueError)     bad argument or environment, raised before any I/O
+    ├── InvalidArgumentError (also ValueError)   bad array/op/root for a collective, before any I/O
+    ├── TransportUnavailable                      the transport exists but cannot run here
+    ├── RendezvousError                           the world could not be assembled
+    ├── CommunicatorClosedError                   this rank closed the communicator earlier
+    ├── CommunicatorBusyError                     two tasks used one communicator at once
+    └── CollectiveError                           a collective failed; the communicator is broken
+        ├── PeerFailedError                       a peer's connection died (EOF, reset, broken pipe)
+        ├── PeerAbortedError                      a peer gave up and said why (e.g. "cancelled")
+        ├── CollectiveMismatchError               ranks called different collectives
+        ├── ProtocolError                         malformed or unexpected bytes on the wire
+        └── CommunicatorBrokenError               an earlier collective failed on this rank
+
+Every exception carries the context it happened in as attributes (``rank``, ``peer``,
+``collective``, ``seq``; ``None`` where not applicable) and names the same facts in its message,
+so that a log line from any rank says which rank did what.
+"""
+
+from __future__ import annotations
+
+from typing import final
+
+__all__ = [
+    "CollectiveError",
+    "CollectiveMismatchError",
+    "CommunicatorBrokenError",
+    "CommunicatorBusyError",
+    "CommunicatorClosedError",
+    "ConfigurationError",
+    "InvalidArgumentError",
+    "PeerAbortedError",
+    "PeerFailedError",
+    "ProtocolError",
+    "RendezvousError",
+    "TransportUnavailable",
+    "TrioringError",
+]
+
+
+class TrioringError(Exception):
+    """Base class of every error trioring raises on purpose.
+
+    Attributes:
+        rank: the rank that raised it, when known.
+        peer: the other rank involved (the one that failed, aborted or disagreed), if any.
+        collective: the collective that was running (``"allreduce"``, ``"broadcast"``,
+            ``"barrier"``, ``"rendezvous"``), if any.
+        seq: the collective's sequence number on this communicator (1 for the first), if any.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        rank: int | None = None,
+        peer: int | None = None,
+        collective: str | None = None,
+        seq: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.rank = rank
+        self.peer = peer
+        self.collective = collective
+        self.seq = seq
+
+
+@final
+class ConfigurationError(TrioringError, ValueError):
+    """An argument or environment variable of :func:`trioring.open_communicator` is missing or
+    invalid. Raised before any I/O; the message names the variable or argument."""
+
+
+@final
+class InvalidArgumentError(TrioringError, ValueError):
+    """A collective was called with an array, op or root it cannot accept (non-contiguous,
+    read-only, unsupported dtype, ``min`` on complex numbers, root out of range, ...).
+
+    Raised on the calling rank before any I/O; the communicator stays usable and the
+    sequence number is not consumed. Other ranks are not told: if they went ahead, their
+    collective waits for this one, so fix the call rather than catching this.
+    """
+
+
+@final
+class TransportUnavailable(TrioringError):
+    """The requested transport is known but cannot be used here.
+
+    Attributes:
+        transport: the transport's registered name.
+        reason: why it is unavailable, in words (the same as
+            ``trioring.capabilities()`` reports).
+    """
+
+    def __init__(self, transport: str, reason: str) -> None:
+        super().__init__(f"transport {transport!r} is not available here: {reason}")
+        self.transport = transport
+        self.reason = reason
+
+
+@final
+class RendezvousError(TrioringError):
+    """The ranks could not be assembled into a world: inconsistent world sizes, a duplicate
+    rank, a listener that cannot be bound, a peer that cannot be reached at the address it
+    published, or a malformed handshake."""
+
+
+@final
+class CommunicatorClosedError(TrioringError):
+    """The communicator was closed on this rank (by ``aclose()`` or by leaving
+    ``open_communicator``) and cannot be used any more."""
+
+
+@final
+class CommunicatorBusyError(TrioringError):
+    """Another task of this process is already running a collective on this communicator.
+
+    Collectives on one communicator must be called one at a time and in the same order on
+    every rank; run concurrent work on separate communicators. Raised before any I/O; the
+    running collective is not disturbed.
+    """
+
+
+class CollectiveError(TrioringError):
+    """A collective failed. The communicator that raised it is broken for good: every later
+    call raises :class:`CommunicatorBrokenError`, and its peers have been told or will notice
+    promptly. Open a new communicator to continue."""
+
+    # (abort kind, rank the news is about, reason) when this error was relayed by a peer's
+    # abort frame, so that passing the news on keeps the original subject and reason.
+    _trioring_abort: tuple[int, int, str] | None = None
+
+
+@final
+class PeerFailedError(CollectiveError):
+    """A peer's connection died: end of file, connection reset or broken pipe, whatever the
+    socket said. ``peer`` is the rank that failed, which may differ from the rank whose
+    connection reported it when a neighbour relayed the news."""
+
+
+@final
+class PeerAbortedError(CollectiveError):
+    """A peer abandoned the collective and said why, for example because its caller's cancel
+    scope fired (``reason`` is then ``"cancelled"``).
+
+    Attributes:
+        reason: the reason the aborting rank gave.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        reason: str,
+        rank: int | None = None,
+        peer: int | None = None,
+        collective: str | None = None,
+        seq: int | None = None,
+    ) -> None:
+        super().__init__(message, rank=rank, peer=peer, collective=collective, seq=seq)
+        self.reason = reason
+
+
+@final
+class CollectiveMismatchError(CollectiveError):
+    """Two ranks ran different collectives at the same point: a different kind, sequence
+    number, dtype, element count, reduce op or root. The message names both sides, e.g.
+    ``rank 0: allreduce(sum) float32[1000] #17, rank 1: allreduce(sum) float64[1000] #17``."""
+
+
+@final
+class ProtocolError(CollectiveError):
+    """Bytes on a connection did not follow the wire protocol (bad magic, version or length,
+    or a frame at an unexpected offset)."""
+
+
+@final
+class CommunicatorBrokenError(CollectiveError):
+    """An earlier collective failed (or was cancelled) on this rank, so the communicator is
+    broken. The original error is this exception's ``__cause__``."""

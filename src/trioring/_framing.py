@@ -1,0 +1,344 @@
+"""Frames on a data connection, and :class:`Link`, the framed connection to one peer.
+
+Every frame starts with a fixed 48-byte little-endian header::
+
+    magic "TRNG" | version u8 | frame type u8 | kind u8 | op u8 | dtype u8 | 3 pad bytes
+    root i32 | seq u64 | count u64 | offset u64 | nbytes u64
+
+A DATA frame's header repeats the whole identity of the collective it belongs to (kind,
+sequence number, dtype, element count, reduce op, root), so a receiver checks on every frame
+that its peer runs the same collective, then that the chunk is the one it expects (offset,
+nbytes), and only then lets ``nbytes`` of payload land in the target buffer. An ABORT frame
+carries a reason instead of data: ``kind`` is the abort kind, ``root`` the rank the news is
+about, and the payload (at most ``MAX_REASON_BYTES``) the reason in UTF-8.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import struct
+from typing import TYPE_CHECKING, NoReturn, final
+
+import attrs
+import numpy as np
+import trio
+
+from ._errors import (
+    CollectiveError,
+    CollectiveMismatchError,
+    CommunicatorClosedError,
+    PeerAbortedError,
+    PeerFailedError,
+    ProtocolError,
+)
+
+if TYPE_CHECKING:
+    from .transports import Connection
+
+MAGIC = b"TRNG"
+VERSION = 1
+HEADER = struct.Struct("<4sBBBBB3xiQQQQ")
+assert HEADER.size == 48
+MAX_REASON_BYTES = 4096
+NO_ROOT = -1
+
+
+class FrameType(enum.IntEnum):
+    DATA = 1
+    ABORT = 2
+
+
+class Kind(enum.IntEnum):
+    ALLREDUCE = 1
+    BROADCAST = 2
+    BARRIER = 3
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+class AbortKind(enum.IntEnum):
+    """Why a rank broke its communicator; decides what its peers raise."""
+
+    FAILED = 1  # the rank named in the frame failed (connection lost)
+    CANCELLED = 2  # the rank named in the frame was cancelled by its caller
+    MISMATCH = 3  # the rank named in the frame saw mismatched collectives
+    PROTOCOL = 4  # the rank named in the frame received malformed bytes
+    ERROR = 5  # anything else (an exception in the aborting rank)
+
+
+# Wire codes of the supported dtypes; 0 means "no data" (barrier).
+DTYPES: tuple[np.dtype[np.generic], ...] = tuple(
+    np.dtype(name)
+    for name in (
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "float32",
+        "float64",
+        "complex64",
+        "complex128",
+    )
+)
+DTYPE_CODES: dict[np.dtype[np.generic], int] = {dt: i + 1 for i, dt in enumerate(DTYPES)}
+# Reduce op codes, index = code - 1; order is part of the wire format.
+OP_NAMES: tuple[str, ...] = ("sum", "mean", "min", "max", "prod")
+
+
+@final
+@attrs.frozen
+class OpSpec:
+    """The identity of one collective call, as every frame of it carries."""
+
+    kind: Kind
+    seq: int
+    dtype_code: int = 0
+    count: int = 0
+    op_code: int = 0
+    root: int = NO_ROOT
+
+    def describe(self) -> str:
+        """``allreduce(sum) float32[1000] #17``, ``broadcast(root=0) ...``, ``barrier #3``."""
+        if self.kind is Kind.BARRIER and not self.dtype_code:
+            return f"barrier #{self.seq}"
+        if self.kind is Kind.ALLREDUCE:
+            op = OP_NAMES[self.op_code - 1] if 0 < self.op_code <= len(OP_NAMES) else "?"
+            head = f"allreduce({op})"
+        elif self.kind is Kind.BROADCAST:
+            head = f"broadcast(root={self.root})"
+        else:
+            head = self.kind.label
+        if 0 < self.dtype_code <= len(DTYPES):
+            dtype = DTYPES[self.dtype_code - 1].name
+        else:
+            dtype = f"dtype#{self.dtype_code}"
+        return f"{head} {dtype}[{self.count}] #{self.seq}"
+
+
+def _describe_remote(kind: int, seq: int, dtype: int, count: int, op: int, root: int) -> str:
+    try:
+        return OpSpec(Kind(kind), seq, dtype, count, op, root).describe()
+    except ValueError:
+        return f"unknown collective kind {kind} #{seq}"
+
+
+@final
+class Link:
+    """The framed connection from this rank to one peer.
+
+    At most one task sends and one task receives on a link at a time (the algorithms make
+    sure of it). ``send_clean`` is false while a frame is partly sent, or forever after a send
+    was interrupted: no abort frame may follow then, because the peer would read it as
+    payload.
+    """
+
+    def __init__(self, rank: int, peer: int, connection: Connection) -> None:
+        self.rank = rank
+        self.peer = peer
+        self.connection = connection
+        self.send_clean = True
+        self._send_header = bytearray(HEADER.size)
+        self._recv_header = bytearray(HEADER.size)
+        self._recv_header_view = memoryview(self._recv_header)
+
+    # -- errors ------------------------------------------------------------------------
+
+    def _context(self, spec: OpSpec) -> str:
+        return f"rank {self.rank}: {spec.kind.label} #{spec.seq}"
+
+    def _failed(self, spec: OpSpec, detail: str) -> PeerFailedError:
+        return PeerFailedError(
+            f"{self._context(spec)}: connection to peer rank {self.peer} {detail}",
+            rank=self.rank,
+            peer=self.peer,
+            collective=spec.kind.label,
+            seq=spec.seq,
+        )
+
+    def _closed(self, spec: OpSpec) -> CommunicatorClosedError:
+        return CommunicatorClosedError(
+            f"{self._context(spec)}: the communicator was closed by another task while this "
+            "collective was running",
+            rank=self.rank,
+            collective=spec.kind.label,
+            seq=spec.seq,
+        )
+
+    def _protocol(self, spec: OpSpec, detail: str) -> ProtocolError:
+        return ProtocolError(
+            f"{self._context(spec)}: from peer rank {self.peer}: {detail}",
+            rank=self.rank,
+            peer=self.peer,
+            collective=spec.kind.label,
+            seq=spec.seq,
+        )
+
+    # -- sending -----------------------------------------------------------------------
+
+    async def send(self, spec: OpSpec, offset: int, payload: memoryview) -> None:
+        """Send one DATA frame of ``spec`` carrying ``payload`` (bytes) at element ``offset``."""
+        HEADER.pack_into(
+            self._send_header,
+            0,
+            MAGIC,
+            VERSION,
+            FrameType.DATA,
+            spec.kind,
+            spec.op_code,
+            spec.dtype_code,
+            spec.root,
+            spec.seq,
+            spec.count,
+            offset,
+            payload.nbytes,
+        )
+        self.send_clean = False
+        try:
+            await self.connection.send_all(self._send_header, payload)
+        except trio.BrokenResourceError as exc:
+            raise self._failed(spec, f"broke while sending: {exc}") from exc
+        except trio.ClosedResourceError as exc:
+            raise self._closed(spec) from exc
+        self.send_clean = True
+
+    async def send_abort(self, kind: AbortKind, subject: int, seq: int, reason: str) -> None:
+        """Tell the peer why this rank gives up. Best effort: transport errors are ignored,
+        since the connection is closed right after either way."""
+        if not self.send_clean:
+            return
+        data = reason.encode("utf-8", "replace")[:MAX_REASON_BYTES]
+        header = HEADER.pack(
+            MAGIC, VERSION, FrameType.ABORT, kind, 0, 0, subject, seq, 0, 0, len(data)
+        )
+        self.send_clean = False
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            await self.connection.send_all(header, data)
+
+    # -- receiving ---------------------------------------------------------------------
+
+    async def _recv_exactly(self, spec: OpSpec, view: memoryview, what: str) -> None:
+        total = view.nbytes
+        while view.nbytes:
+            try:
+                got = await self.connection.recv_into(view)
+            except trio.BrokenResourceError as exc:
+                raise self._failed(spec, f"broke while receiving {what}: {exc}") from exc
+            except trio.ClosedResourceError as exc:
+                raise self._closed(spec) from exc
+            if not got:
+                done = total - view.nbytes
+                raise self._failed(
+                    spec,
+                    f"was closed by the peer after {done} of {total} bytes of {what} "
+                    "(the peer exited, crashed or closed its communicator)",
+                )
+            view = view[got:]
+
+    async def recv(self, spec: OpSpec, offset: int, into: memoryview) -> None:
+        """Receive the DATA frame of ``spec`` at element ``offset`` whose payload fills
+        ``into`` exactly. Raises the precise :class:`CollectiveError` on anything else."""
+        await self._recv_exactly(spec, self._recv_header_view, "a frame header")
+        (magic, version, ftype, kind, op, dtype, root, seq, count, r_offset, nbytes) = (
+            HEADER.unpack(self._recv_header)
+        )
+        if magic != MAGIC or version != VERSION:
+            raise self._protocol(
+                spec, f"bad frame header (magic {magic!r}, version {version}); not a trioring peer?"
+            )
+        if ftype == FrameType.ABORT:
+            await self._raise_abort(spec, kind, root, seq, nbytes)
+        if ftype != FrameType.DATA:
+            raise self._protocol(spec, f"unknown frame type {ftype}")
+        if (kind, seq, dtype, count, op, root) != (
+            spec.kind,
+            spec.seq,
+            spec.dtype_code,
+            spec.count,
+            spec.op_code,
+            spec.root,
+        ):
+            remote = _describe_remote(kind, seq, dtype, count, op, root)
+            raise CollectiveMismatchError(
+                f"rank {self.rank}: {spec.describe()}, rank {self.peer}: {remote}",
+                rank=self.rank,
+                peer=self.peer,
+                collective=spec.kind.label,
+                seq=spec.seq,
+            )
+        if r_offset != offset or nbytes != into.nbytes:
+            raise self._protocol(
+                spec,
+                f"expected the chunk at element {offset} of {into.nbytes} bytes, got element "
+                f"{r_offset} of {nbytes} bytes",
+            )
+        if nbytes:
+            await self._recv_exactly(spec, into, "a payload")
+
+    async def _raise_abort(
+        self, spec: OpSpec, kind: int, subject: int, seq: int, nbytes: int
+    ) -> NoReturn:
+        if nbytes > MAX_REASON_BYTES:
+            raise self._protocol(spec, f"abort reason of {nbytes} bytes is too long")
+        data = bytearray(nbytes)
+        if nbytes:
+            await self._recv_exactly(spec, memoryview(data), "an abort reason")
+        reason = data.decode("utf-8", "replace")
+        raise abort_error(self.rank, self.peer, spec, kind, subject, seq, reason)
+
+
+def abort_error(
+    rank: int, sender: int, spec: OpSpec, kind: int, subject: int, seq: int, reason: str
+) -> CollectiveError:
+    """The exception a rank raises on receiving an abort frame from ``sender``."""
+    error = _abort_error(rank, sender, spec, kind, subject, seq, reason)
+    error._trioring_abort = (kind, subject, reason)
+    return error
+
+
+def _abort_error(
+    rank: int, sender: int, spec: OpSpec, kind: int, subject: int, seq: int, reason: str
+) -> CollectiveError:
+    where = f"rank {rank}: {spec.kind.label} #{spec.seq}"
+    via = "" if subject == sender else f" (relayed by rank {sender})"
+    label = spec.kind.label
+    if kind == AbortKind.FAILED:
+        return PeerFailedError(
+            f"{where}: rank {subject} failed{via}: {reason}",
+            rank=rank,
+            peer=subject,
+            collective=label,
+            seq=spec.seq,
+        )
+    if kind == AbortKind.MISMATCH:
+        return CollectiveMismatchError(
+            f"{where}: rank {subject} detected mismatched collectives{via}: {reason}",
+            rank=rank,
+            peer=subject,
+            collective=label,
+            seq=spec.seq,
+        )
+    if kind == AbortKind.PROTOCOL:
+        return ProtocolError(
+            f"{where}: rank {subject} received malformed data{via}: {reason}",
+            rank=rank,
+            peer=subject,
+            collective=label,
+            seq=spec.seq,
+        )
+    verb = "cancelled" if kind == AbortKind.CANCELLED else "aborted"
+    return PeerAbortedError(
+        f"{where}: rank {subject} {verb} collective #{seq}{via}: {reason}",
+        reason=reason,
+        rank=rank,
+        peer=subject,
+        collective=label,
+        seq=spec.seq,
+    )

@@ -1,0 +1,146 @@
+"""The capability registry: which transports (and gated features) exist, and which can run
+here, with the reason when one cannot (like ``torch.distributed.is_gloo_available``)."""
+
+from __future__ import annotations
+
+import importlib.metadata
+from typing import Literal, final
+
+import attrs
+
+from ._errors import ConfigurationError, TransportUnavailable
+from .transports import MemoryTransport, TcpTransport, Transport, UnixTransport
+
+__all__ = ["Capability", "capabilities", "is_available", "register_transport"]
+
+ENTRY_POINT_GROUP = "trioring.transports"
+
+_BUILTIN: dict[str, type[Transport]] = {
+    "tcp": TcpTransport,
+    "unix": UnixTransport,
+    "memory": MemoryTransport,
+}
+_registered: dict[str, type[Transport]] = {}
+
+
+@final
+@attrs.frozen(kw_only=True)
+class Capability:
+    """One row of :func:`capabilities`.
+
+    Attributes:
+        name: what to ask for (``"unix"``; a transport's name is what
+            ``TRIORING_TRANSPORT`` takes).
+        kind: ``"transport"`` or ``"feature"``.
+        available: whether it can be used on this machine.
+        reason: why not, when ``available`` is false; ``None`` otherwise.
+        description: one line saying what it is.
+        origin: ``"builtin"``, ``"registered"`` (by :func:`register_transport`) or the
+            distribution that declared the entry point.
+    """
+
+    name: str
+    kind: Literal["transport", "feature"]
+    available: bool
+    reason: str | None
+    description: str
+    origin: str
+
+
+def register_transport(cls: type[Transport], *, replace: bool = False) -> None:
+    """Register a transport class under ``cls.name`` for this process.
+
+    Packages should prefer the ``trioring.transports`` entry-point group, which needs no
+    import-time side effects; this function is for applications and tests. Raises
+    :class:`ConfigurationError` if the name is taken, unless ``replace`` is true.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, Transport)):
+        raise ConfigurationError(f"{cls!r} is not a trioring.transports.Transport subclass")
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name:
+        raise ConfigurationError(f"{cls.__qualname__} has no 'name' class attribute")
+    if not replace and (name in _BUILTIN or name in _registered):
+        raise ConfigurationError(f"a transport named {name!r} is already registered")
+    _registered[name] = cls
+
+
+@attrs.frozen
+class _Entry:
+    name: str
+    origin: str
+    cls: type[Transport] | None
+    load_error: str | None
+
+
+def _entries() -> dict[str, _Entry]:
+    entries = {name: _Entry(name, "builtin", cls, None) for name, cls in _BUILTIN.items()}
+    for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
+        if ep.name in entries:
+            continue
+        origin = ep.dist.name if ep.dist is not None else ep.value
+        try:
+            loaded = ep.load()
+        except Exception as exc:
+            entries[ep.name] = _Entry(ep.name, origin, None, f"failed to load {ep.value}: {exc!r}")
+            continue
+        if not (isinstance(loaded, type) and issubclass(loaded, Transport)):
+            entries[ep.name] = _Entry(
+                ep.name, origin, None, f"{ep.value} is not a trioring.transports.Transport"
+            )
+            continue
+        entries[ep.name] = _Entry(ep.name, origin, loaded, None)
+    for name, cls in _registered.items():
+        entries[name] = _Entry(name, "registered", cls, None)
+    return entries
+
+
+def _row(entry: _Entry) -> Capability:
+    if entry.cls is None:
+        return Capability(
+            name=entry.name,
+            kind="transport",
+            available=False,
+            reason=entry.load_error,
+            description="",
+            origin=entry.origin,
+        )
+    try:
+        reason = entry.cls.unavailable_reason()
+    except Exception as exc:
+        reason = f"availability check failed: {exc!r}"
+    return Capability(
+        name=entry.name,
+        kind="transport",
+        available=reason is None,
+        reason=reason,
+        description=entry.cls.description,
+        origin=entry.origin,
+    )
+
+
+def capabilities() -> tuple[Capability, ...]:
+    """Everything trioring knows about, available here or not, in a stable order (built-ins
+    first). Never raises: a plugin that fails to load is listed as unavailable with the
+    error as its reason."""
+    return tuple(_row(entry) for entry in _entries().values())
+
+
+def is_available(name: str) -> bool:
+    """Whether the transport or feature ``name`` can be used here. Unknown names are not
+    available. :func:`capabilities` says why not."""
+    entry = _entries().get(name)
+    return entry is not None and _row(entry).available
+
+
+def get_transport(name: str) -> type[Transport]:
+    """The transport class for ``name``; raises :class:`ConfigurationError` for unknown names
+    and :class:`TransportUnavailable` (with the reason) when it cannot run here."""
+    entries = _entries()
+    entry = entries.get(name)
+    if entry is None:
+        known = ", ".join(sorted(entries))
+        raise ConfigurationError(f"unknown transport {name!r}; known transports: {known}")
+    row = _row(entry)
+    if not row.available or entry.cls is None:
+        raise TransportUnavailable(name, row.reason or "unknown reason")
+    return entry.cls

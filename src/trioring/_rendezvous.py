@@ -1,0 +1,397 @@
+"""Assemble the world: every rank learns every other rank's data address, then the ranks
+connect pairwise (a full mesh: rank i connects to every j < i and accepts every j > i).
+
+Rendezvous protocol (over TCP at ``MASTER_ADDR:MASTER_PORT``, or over a Unix socket in
+``TRIORING_SOCKET_DIR``): rank 0 listens; every other rank connects (retrying until rank 0 is
+up), opens its data listener and sends HELLO {rank, world_size, transport, address}; rank 0
+checks the hellos against its own view (same world size and transport, no duplicate rank)
+and answers every rank with TABLE {session, addresses}, or REFUSE {message} to all if the
+world is inconsistent. Data connections then open with MESH_HELLO {session, from, to},
+answered by MESH_ACK, so a connection from another job, or a stray client, is never taken for
+a peer.
+
+Messages are ``"TRRV" | version u8 | type u8 | 2 pad | body length u32`` plus a JSON body of
+bounded size; nothing is unpickled or evaluated.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket as _stdlib_socket
+import struct
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from ._concurrency import run_concurrently
+from ._errors import RendezvousError
+from ._framing import Link
+from .transports import Connection, Listener, Transport, TransportContext
+from .transports._tcp import format_host_port
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ._config import Config
+
+MAGIC = b"TRRV"
+VERSION = 1
+HEADER = struct.Struct("<4sBBxxI")
+HELLO, TABLE, REFUSE, MESH_HELLO, MESH_ACK = 1, 2, 3, 4, 5
+_MAX_SMALL_BODY = 4096
+_MAX_TABLE_BODY = 16 * 1024 * 1024
+
+#: How long an accepted connection may take to say who it is. This is trioring's only
+#: internal deadline: without it, a client that connects and then says nothing would hold a
+#: slot forever. It never bounds how long ranks wait for each other; the caller's cancel
+#: scope does that.
+HANDSHAKE_SECONDS = 10.0
+
+_RETRY_FIRST_DELAY = 0.005
+_RETRY_MAX_DELAY = 0.5
+
+RENDEZVOUS_SOCKET_NAME = "trioring-rendezvous.sock"
+
+
+class _BadMessage(Exception):
+    """A peer sent something that is not the expected rendezvous message."""
+
+
+async def _recv_exactly(connection: Connection, size: int) -> bytearray:
+    data = bytearray(size)
+    view = memoryview(data)
+    while view.nbytes:
+        try:
+            got = await connection.recv_into(view)
+        except trio.BrokenResourceError as exc:
+            raise _BadMessage(f"connection broke: {exc}") from exc
+        if not got:
+            raise _BadMessage("connection closed before the message was complete")
+        view = view[got:]
+    return data
+
+
+async def _send_message(connection: Connection, kind: int, body: dict[str, Any]) -> None:
+    payload = json.dumps(body, separators=(",", ":")).encode()
+    try:
+        await connection.send_all(HEADER.pack(MAGIC, VERSION, kind, len(payload)), payload)
+    except trio.BrokenResourceError as exc:
+        raise _BadMessage(f"connection broke: {exc}") from exc
+
+
+async def _read_message(
+    connection: Connection, expected: set[int], max_body: int = _MAX_SMALL_BODY
+) -> tuple[int, dict[str, Any]]:
+    magic, version, kind, length = HEADER.unpack(await _recv_exactly(connection, HEADER.size))
+    if magic != MAGIC:
+        raise _BadMessage(f"not a trioring rendezvous message (starts with {bytes(magic)!r})")
+    if version != VERSION:
+        raise _BadMessage(f"protocol version {version}, this trioring speaks {VERSION}")
+    if kind not in expected:
+        raise _BadMessage(f"unexpected message type {kind}")
+    if length > max_body:
+        raise _BadMessage(f"message body of {length} bytes exceeds the limit of {max_body}")
+    try:
+        body = json.loads(await _recv_exactly(connection, length))
+    except ValueError as exc:
+        raise _BadMessage(f"malformed message body: {exc}") from None
+    if not isinstance(body, dict):
+        raise _BadMessage("malformed message body: not an object")
+    return kind, body
+
+
+def _field(body: dict[str, Any], name: str, kind: type) -> Any:
+    value = body.get(name)
+    if not isinstance(value, kind) or isinstance(value, bool):
+        raise _BadMessage(f"field {name!r} is missing or not a {kind.__name__}")
+    return value
+
+
+async def _connect_retrying(transport: Transport, address: str, rank: int) -> Connection:
+    """Connect to the rendezvous, waiting for rank 0 to start listening. Retries for as long as
+    the caller's cancel scope allows; an address that cannot even be resolved fails at once."""
+    delay = _RETRY_FIRST_DELAY
+    while True:
+        try:
+            return await transport.connect(address)
+        except _stdlib_socket.gaierror as exc:
+            raise RendezvousError(
+                f"rank {rank}: cannot resolve the rendezvous address {address} (MASTER_ADDR): {exc}",
+                rank=rank,
+                collective="rendezvous",
+            ) from exc
+        except OSError:
+            await trio.sleep(delay)
+            delay = min(delay * 2, _RETRY_MAX_DELAY)
+
+
+def rendezvous_address(config: Config) -> str:
+    if config.rendezvous_over_socket_dir:
+        assert config.socket_dir is not None
+        return os.path.join(config.socket_dir, RENDEZVOUS_SOCKET_NAME)
+    assert config.master_addr is not None
+    assert config.master_port is not None
+    return format_host_port(config.master_addr, config.master_port)
+
+
+async def _serve(config: Config, listener: Listener, own_address: str) -> tuple[str, list[str]]:
+    """Rank 0: collect every other rank's hello, then answer all of them."""
+    size = config.world_size
+    hellos: dict[int, tuple[Connection, str]] = {}
+    failure: list[RendezvousError] = []
+
+    async def refuse_all(message: str, culprit: Connection) -> None:
+        for connection in [culprit, *(c for c, _ in hellos.values())]:
+            try:
+                with trio.move_on_after(1):
+                    await _send_message(connection, REFUSE, {"message": message})
+            except _BadMessage:
+                pass
+
+    async with trio.open_nursery() as nursery:
+
+        async def handle(connection: Connection) -> None:
+            try:
+                with trio.fail_after(HANDSHAKE_SECONDS):
+                    _, body = await _read_message(connection, {HELLO})
+                rank = _field(body, "rank", int)
+                world_size = _field(body, "world_size", int)
+                transport = _field(body, "transport", str)
+                address = _field(body, "address", str)
+            except (_BadMessage, trio.TooSlowError):
+                # A stranger, or a client that gave up: not a rank of ours.
+                await trio.aclose_forcefully(connection)
+                return
+            problem = None
+            if world_size != size:
+                problem = (
+                    f"rank {rank} says WORLD_SIZE={world_size} but rank 0 says WORLD_SIZE={size}"
+                )
+            elif transport != config.transport:
+                problem = (
+                    f"rank {rank} uses transport {transport!r} but rank 0 uses "
+                    f"{config.transport!r} (check TRIORING_TRANSPORT)"
+                )
+            elif not 0 < rank < size:
+                problem = f"a process claims rank {rank}, outside 1..{size - 1}"
+            elif rank in hellos:
+                problem = f"two processes claim rank {rank} (check RANK)"
+            if problem is not None:
+                await refuse_all(problem, connection)
+                failure.append(RendezvousError(f"rank 0: rendezvous failed: {problem}", rank=0))
+                nursery.cancel_scope.cancel()
+                return
+            hellos[rank] = (connection, address)
+            if len(hellos) == size - 1:
+                nursery.cancel_scope.cancel()
+
+        async def accept_all() -> None:
+            while True:
+                nursery.start_soon(handle, await listener.accept())
+
+        nursery.start_soon(accept_all)
+
+    try:
+        if failure:
+            raise failure[0]
+        session = secrets.token_hex(16)
+        addresses = [own_address] + [hellos[r][1] for r in range(1, size)]
+        for rank in range(1, size):
+            try:
+                await _send_message(
+                    hellos[rank][0], TABLE, {"session": session, "addresses": addresses}
+                )
+            except _BadMessage as exc:
+                raise RendezvousError(
+                    f"rank 0: rank {rank} left during rendezvous: {exc}", rank=0, peer=rank
+                ) from exc
+        return session, addresses
+    finally:
+        for connection, _ in hellos.values():
+            await trio.aclose_forcefully(connection)
+
+
+async def _join(config: Config, connection: Connection, own_address: str) -> tuple[str, list[str]]:
+    """Ranks other than 0: say hello and wait for the table."""
+    rank = config.rank
+    hello = {
+        "rank": rank,
+        "world_size": config.world_size,
+        "transport": config.transport,
+        "address": own_address,
+    }
+    try:
+        await _send_message(connection, HELLO, hello)
+        kind, body = await _read_message(connection, {TABLE, REFUSE}, _MAX_TABLE_BODY)
+        if kind == REFUSE:
+            raise RendezvousError(
+                f"rank {rank}: rank 0 refused the world: {_field(body, 'message', str)}",
+                rank=rank,
+                peer=0,
+                collective="rendezvous",
+            )
+        session = _field(body, "session", str)
+        addresses = _field(body, "addresses", list)
+    except _BadMessage as exc:
+        raise RendezvousError(
+            f"rank {rank}: rendezvous with rank 0 failed: {exc}",
+            rank=rank,
+            peer=0,
+            collective="rendezvous",
+        ) from exc
+    if len(addresses) != config.world_size or not all(isinstance(a, str) for a in addresses):
+        raise RendezvousError(
+            f"rank {rank}: rank 0 sent an address table of the wrong shape",
+            rank=rank,
+            peer=0,
+            collective="rendezvous",
+        )
+    return session, addresses
+
+
+async def _mesh(
+    config: Config,
+    transport: Transport,
+    listener: Listener,
+    session: str,
+    addresses: list[str],
+    links: dict[int, Link],
+) -> None:
+    """Connect to every lower rank and accept every higher one, filling ``links``."""
+    rank, size = config.rank, config.world_size
+
+    def error(message: str, peer: int) -> RendezvousError:
+        return RendezvousError(
+            f"rank {rank}: {message}", rank=rank, peer=peer, collective="rendezvous"
+        )
+
+    async def connect_to(peer: int) -> None:
+        address = addresses[peer]
+        try:
+            connection = await transport.connect(address)
+        except OSError as exc:
+            raise error(f"cannot connect to rank {peer} at {address}: {exc}", peer) from exc
+        try:
+            await _send_message(
+                connection, MESH_HELLO, {"session": session, "from": rank, "to": peer}
+            )
+            _, body = await _read_message(connection, {MESH_ACK})
+            if body.get("session") != session or body.get("from") != peer:
+                raise _BadMessage("the answer came from another job or rank")
+        except _BadMessage as exc:
+            await trio.aclose_forcefully(connection)
+            raise error(f"handshake with rank {peer} at {address} failed: {exc}", peer) from exc
+        except BaseException:
+            await trio.aclose_forcefully(connection)
+            raise
+        links[peer] = Link(rank, peer, connection)
+
+    async def accept_higher() -> None:
+        pending = set(range(rank + 1, size))
+        if not pending:
+            return
+        async with trio.open_nursery() as nursery:
+
+            async def handle(connection: Connection) -> None:
+                try:
+                    with trio.fail_after(HANDSHAKE_SECONDS):
+                        _, body = await _read_message(connection, {MESH_HELLO})
+                        peer = body.get("from")
+                        if body.get("session") != session or body.get("to") != rank:
+                            raise _BadMessage("not from this job")
+                        if not isinstance(peer, int) or peer not in pending:
+                            raise _BadMessage(f"unexpected rank {peer!r}")
+                        pending.discard(peer)
+                        await _send_message(
+                            connection, MESH_ACK, {"session": session, "from": rank}
+                        )
+                except (_BadMessage, trio.TooSlowError):
+                    await trio.aclose_forcefully(connection)
+                    return
+                links[peer] = Link(rank, peer, connection)
+                # Stop accepting only once every higher rank's handshake has completed, not
+                # merely started: cancelling earlier would cut a handshake in half.
+                if all(p in links for p in range(rank + 1, size)):
+                    nursery.cancel_scope.cancel()
+
+            while True:
+                nursery.start_soon(handle, await listener.accept())
+
+    await run_concurrently(accept_higher, *(_bind(connect_to, peer) for peer in range(rank)))
+
+
+def _bind(function: Callable[[int], Any], argument: int) -> Callable[[], Any]:
+    async def bound() -> None:
+        await function(argument)
+
+    return bound
+
+
+async def connect_world(
+    config: Config,
+    make_transport: Callable[[TransportContext], Transport],
+    make_rendezvous_transport: Callable[[TransportContext], Transport],
+) -> tuple[Transport, dict[int, Link]]:
+    """Rendezvous and connect the mesh. On any failure or cancellation, everything opened here
+    is closed again before the exception propagates."""
+    rank, size = config.rank, config.world_size
+    base = TransportContext(
+        rank=rank,
+        world_size=size,
+        host=config.master_addr or "127.0.0.1",
+        socket_dir=config.socket_dir,
+    )
+    if size == 1:
+        await trio.lowlevel.checkpoint()
+        return make_transport(base), {}
+
+    address = rendezvous_address(config)
+    rendezvous = make_rendezvous_transport(base)
+    transport: Transport | None = None
+    links: dict[int, Link] = {}
+    data_listener: Listener | None = None
+    try:
+        if rank == 0:
+            try:
+                rendezvous_listener = await rendezvous.listen(address)
+            except OSError as exc:
+                raise RendezvousError(
+                    f"rank 0: cannot listen for the rendezvous at {address}: {exc}",
+                    rank=0,
+                    collective="rendezvous",
+                ) from exc
+            try:
+                transport = make_transport(base)
+                data_listener = await transport.listen()
+                session, addresses = await _serve(
+                    config, rendezvous_listener, data_listener.address
+                )
+            finally:
+                await rendezvous_listener.aclose()
+        else:
+            connection = await _connect_retrying(rendezvous, address, rank)
+            try:
+                host = connection.local_host or base.host
+                transport = make_transport(
+                    TransportContext(
+                        rank=rank, world_size=size, host=host, socket_dir=config.socket_dir
+                    )
+                )
+                data_listener = await transport.listen()
+                session, addresses = await _join(config, connection, data_listener.address)
+            finally:
+                await trio.aclose_forcefully(connection)
+        await _mesh(config, transport, data_listener, session, addresses, links)
+        return transport, links
+    except BaseException:
+        for link in links.values():
+            await trio.aclose_forcefully(link.connection)
+        if transport is not None:
+            transport.close()
+        raise
+    finally:
+        if data_listener is not None:
+            await trio.aclose_forcefully(data_listener)
+        rendezvous.close()

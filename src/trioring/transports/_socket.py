@@ -1,0 +1,122 @@
+"""Connection and Listener over trio sockets, shared by the TCP and Unix transports.
+
+We use raw ``trio.socket`` calls instead of ``trio.SocketStream``: ``recv_into`` lets bulk data
+land straight in numpy arrays, and ``sendmsg`` sends a frame header and its payload in one
+system call. The price is that we translate ``OSError`` ourselves, as ``SocketStream`` would.
+"""
+
+from __future__ import annotations
+
+import errno
+from typing import TYPE_CHECKING, final
+
+import trio
+
+from ._abc import BytesLike, Connection, Listener
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+# Linux caps sendmsg at IOV_MAX (1024) buffers; we never pass more than a handful.
+_ACCEPT_RETRY_ERRNOS = {errno.ECONNABORTED, errno.EPROTO, errno.EPERM, errno.EINTR}
+
+
+@final
+class SocketConnection(Connection):
+    """A connected stream socket (TCP or AF_UNIX)."""
+
+    def __init__(self, sock: trio.socket.SocketType) -> None:
+        self._sock = sock
+
+    @property
+    def socket(self) -> trio.socket.SocketType:
+        """The underlying trio socket (for setting options; do not read or write it)."""
+        return self._sock
+
+    @property
+    def local_host(self) -> str | None:
+        if self._sock.family in (trio.socket.AF_INET, trio.socket.AF_INET6):
+            host: str = self._sock.getsockname()[0]
+            return host
+        return None
+
+    async def send_all(self, *buffers: BytesLike) -> None:
+        views = [memoryview(b).cast("B") for b in buffers]
+        views = [v for v in views if v.nbytes]
+        if not views:
+            await trio.lowlevel.checkpoint()
+            return
+        sock = self._sock
+        try:
+            while views:
+                sent: int = await sock.sendmsg(views)
+                # Drop what went out; at most one buffer is left partly sent.
+                while sent:
+                    head = views[0]
+                    if sent >= head.nbytes:
+                        sent -= head.nbytes
+                        views.pop(0)
+                    else:
+                        views[0] = head[sent:]
+                        sent = 0
+        except OSError as exc:
+            if sock.fileno() == -1:
+                raise trio.ClosedResourceError("connection was closed") from None
+            raise trio.BrokenResourceError(f"send failed: {exc}") from exc
+
+    async def recv_into(self, buffer: memoryview) -> int:
+        try:
+            received: int = await self._sock.recv_into(buffer)
+        except OSError as exc:
+            if self._sock.fileno() == -1:
+                raise trio.ClosedResourceError("connection was closed") from None
+            raise trio.BrokenResourceError(f"receive failed: {exc}") from exc
+        return received
+
+    async def aclose(self) -> None:
+        self._sock.close()
+        await trio.lowlevel.checkpoint()
+
+
+@final
+class SocketListener(Listener):
+    """A listening stream socket. ``on_close`` releases what the address holds (a socket
+    file), after the socket is closed."""
+
+    def __init__(
+        self,
+        sock: trio.socket.SocketType,
+        address: str,
+        *,
+        configure: Callable[[trio.socket.SocketType], None] | None = None,
+        on_close: Callable[[], None] | None = None,
+    ) -> None:
+        self._sock = sock
+        self._address = address
+        self._configure = configure
+        self._on_close = on_close
+
+    @property
+    def address(self) -> str:
+        return self._address
+
+    async def accept(self) -> SocketConnection:
+        while True:
+            try:
+                conn, _ = await self._sock.accept()
+            except OSError as exc:
+                if self._sock.fileno() == -1:
+                    raise trio.ClosedResourceError("listener was closed") from None
+                if exc.errno in _ACCEPT_RETRY_ERRNOS:
+                    continue
+                raise
+            if self._configure is not None:
+                self._configure(conn)
+            return SocketConnection(conn)
+
+    async def aclose(self) -> None:
+        if self._sock.fileno() != -1:
+            self._sock.close()
+            if self._on_close is not None:
+                self._on_close()
+        await trio.lowlevel.checkpoint()

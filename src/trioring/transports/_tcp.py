@@ -1,0 +1,78 @@
+"""TCP transport."""
+
+from __future__ import annotations
+
+import socket as _stdlib_socket
+from typing import final
+
+import trio
+
+from ._abc import Transport
+from ._socket import SocketConnection, SocketListener
+
+__all__ = ["TcpTransport", "format_host_port", "parse_host_port"]
+
+_LISTEN_BACKLOG = 512
+
+
+def parse_host_port(address: str) -> tuple[str, int]:
+    """Split ``"host:port"`` or ``"[v6addr]:port"``. Raises ``ValueError`` naming the address."""
+    host, sep, port = address.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ValueError(f"expected 'host:port', got {address!r}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    return host, int(port)
+
+
+def format_host_port(host: str, port: int) -> str:
+    """Inverse of :func:`parse_host_port`."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _tune(sock: trio.socket.SocketType) -> None:
+    # Collective frames are latency-bound at small sizes: never let Nagle hold a header back.
+    sock.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
+
+
+@final
+class TcpTransport(Transport):
+    """TCP sockets; works across hosts. Listeners bind :attr:`TransportContext.host`
+    (the interface this rank reached the rendezvous from) on a free port."""
+
+    name = "tcp"
+    description = "TCP sockets (across hosts)"
+
+    async def listen(self, address: str | None = None) -> SocketListener:
+        if address is None:
+            host, port = self.context.host, 0
+        else:
+            host, port = parse_host_port(address)
+        infos = await trio.socket.getaddrinfo(
+            host, port, type=trio.socket.SOCK_STREAM, flags=trio.socket.AI_PASSIVE
+        )
+        if not infos:  # pragma: no cover - getaddrinfo raises instead
+            raise OSError(f"cannot resolve {host!r}")
+        family, type_, proto, _, sockaddr = infos[0]
+        sock = trio.socket.socket(family, type_, proto)
+        try:
+            sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_REUSEADDR, 1)
+            await sock.bind(sockaddr)
+            sock.listen(_LISTEN_BACKLOG)
+        except BaseException:
+            sock.close()
+            raise
+        bound_host, bound_port = sock.getsockname()[:2]
+        return SocketListener(sock, format_host_port(bound_host, bound_port), configure=_tune)
+
+    async def connect(self, address: str) -> SocketConnection:
+        host, port = parse_host_port(address)
+        stream = await trio.open_tcp_stream(host, port)
+        sock = stream.socket
+        # trio.SocketStream sets TCP_NOTSENT_LOWAT=16 KiB, which costs 30-40% on bulk sends
+        # (shared/notes/ecosystem.md); we own the socket from here on, so undo it.
+        notsent_lowat = getattr(_stdlib_socket, "TCP_NOTSENT_LOWAT", None)
+        if notsent_lowat is not None:
+            sock.setsockopt(trio.socket.IPPROTO_TCP, notsent_lowat, -1)  # -1 = unlimited
+        _tune(sock)
+        return SocketConnection(sock)

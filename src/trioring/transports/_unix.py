@@ -1,0 +1,123 @@
+"""Unix-domain socket transport (all ranks on one host)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import secrets
+import shutil
+import socket as _stdlib_socket
+import stat
+import tempfile
+from typing import final
+
+import trio
+
+from ._abc import Transport, TransportContext
+from ._socket import SocketConnection, SocketListener
+
+__all__ = ["UnixTransport"]
+
+_LISTEN_BACKLOG = 512
+# sun_path is 108 bytes on Linux, including the terminating NUL.
+_MAX_PATH_BYTES = 107
+
+
+def _check_path(path: str) -> None:
+    if len(os.fsencode(path)) > _MAX_PATH_BYTES:
+        raise OSError(
+            errno.ENAMETOOLONG,
+            f"Unix socket path {path!r} is {len(os.fsencode(path))} bytes; the limit is "
+            f"{_MAX_PATH_BYTES}. Use a shorter TRIORING_SOCKET_DIR",
+        )
+
+
+async def _remove_if_stale(path: str) -> None:
+    """Unlink ``path`` if it is a socket nobody listens on (left by a killed job). A live
+    socket or anything that is not a socket is left alone, and binding then fails."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        return
+    probe = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+    try:
+        await probe.connect(path)
+    except ConnectionRefusedError:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+    except OSError:
+        pass
+    finally:
+        probe.close()
+
+
+@final
+class UnixTransport(Transport):
+    """Unix-domain stream sockets: ranks on one host only, no TCP port needed.
+
+    Listeners live in :attr:`TransportContext.socket_dir` when given (it must be shared by
+    all ranks), otherwise in a private directory (mode 0700) this transport creates and
+    removes in :meth:`close`.
+    """
+
+    name = "unix"
+    description = "Unix-domain sockets (one host)"
+
+    def __init__(self, context: TransportContext) -> None:
+        super().__init__(context)
+        self._private_dir: str | None = None
+
+    @classmethod
+    def unavailable_reason(cls) -> str | None:
+        if not hasattr(_stdlib_socket, "AF_UNIX"):
+            return "AF_UNIX sockets are not supported on this platform"
+        return None
+
+    def _directory(self) -> str:
+        if self.context.socket_dir is not None:
+            return self.context.socket_dir
+        if self._private_dir is None:
+            self._private_dir = tempfile.mkdtemp(prefix="trioring-")
+        return self._private_dir
+
+    def close(self) -> None:
+        """Remove the private socket directory, if this transport made one."""
+        if self._private_dir is not None:
+            shutil.rmtree(self._private_dir, ignore_errors=True)
+            self._private_dir = None
+
+    async def listen(self, address: str | None = None) -> SocketListener:
+        if address is None:
+            address = os.path.join(
+                self._directory(), f"r{self.context.rank}-{secrets.token_hex(4)}.sock"
+            )
+        _check_path(address)
+        await _remove_if_stale(address)
+        sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+        try:
+            await sock.bind(address)
+            os.chmod(address, 0o600)
+            sock.listen(_LISTEN_BACKLOG)
+        except BaseException:
+            sock.close()
+            raise
+        path = address
+
+        def unlink() -> None:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+
+        return SocketListener(sock, address, on_close=unlink)
+
+    async def connect(self, address: str) -> SocketConnection:
+        _check_path(address)
+        sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
+        try:
+            await sock.connect(address)
+        except BaseException:
+            sock.close()
+            raise
+        return SocketConnection(sock)
