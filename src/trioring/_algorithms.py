@@ -143,13 +143,22 @@ def tree_neighbours(rank: int, size: int, root: int) -> tuple[int | None, list[i
 
 async def broadcast(world: World, spec: OpSpec, flat: np.ndarray, root: int) -> None:
     """Copy root's ``flat`` into every rank's ``flat`` along a binomial tree, chunk by chunk:
-    each rank forwards a chunk to its children as soon as it has received it."""
+    each rank forwards a chunk to its children as soon as it has received it.
+
+    When a rank has received everything and every child has acknowledged, it acknowledges to
+    its parent (an empty frame at offset ``count``). So the root returns only once every rank
+    holds the data, and every rank, the root included, receives at least one frame per
+    broadcast: two ranks that both believe they are the root detect it in this call instead of
+    returning with different data.
+    """
     if world.size == 1:
         return
     parent, children = tree_neighbours(world.rank, world.size, root)
     chunk = max(1, world.chunk_bytes // flat.dtype.itemsize)
     pieces = list(_chunks(0, flat.shape[0], chunk))
     channels = [trio.open_memory_channel[tuple[int, int]](math.inf) for _ in children]
+    ack_offset = flat.shape[0]
+    empty = memoryview(b"")
 
     def child_sender(child: int, index: int) -> Callable[[], Awaitable[None]]:
         link = world.links[child]
@@ -159,6 +168,7 @@ async def broadcast(world: World, spec: OpSpec, flat: np.ndarray, root: int) -> 
             async with receive_channel:
                 async for offset, count in receive_channel:
                     await link.send(spec, offset, _bytes(flat, offset, count))
+            await link.recv(spec, ack_offset, empty)
 
         return send
 
@@ -175,6 +185,8 @@ async def broadcast(world: World, spec: OpSpec, flat: np.ndarray, root: int) -> 
                 channel.close()
 
     await run_concurrently(receiver, *(child_sender(c, i) for i, c in enumerate(children)))
+    if parent is not None:
+        await world.links[parent].send(spec, ack_offset, empty)
 
 
 async def barrier(world: World, spec: OpSpec) -> None:

@@ -16,3 +16,8 @@ from ._memory import MemoryTransport as MemoryTransport, StreamConnection as Str
 from ._socket import SocketConnection as SocketConnection
 from ._tcp import TcpTransport as TcpTransport
 from ._unix import UnixTransport as UnixTransport
+
+for _name, _obj in list(globals().items()):
+    if getattr(_obj, "__module__", "").startswith("trioring.transports._"):
+        _obj.__module__ = __name__
+del _name, _obj
