@@ -1,0 +1,72 @@
+# Everything runs from a local virtual environment (.venv) that this Makefile creates and
+# keeps up to date by itself: a fresh machine needs only Python 3.11+, git and make.
+#
+#   make demo    4 ranks over Unix sockets: correctness checks and a timing table
+#   make test    the test suite
+#   make lint    ruff (lint + format check) and mypy --strict
+#   make clean   remove .venv, caches and build outputs
+#
+# Use another interpreter with e.g. `make test PYTHON=python3.12` (after `make clean` if
+# .venv already exists: the venv keeps the interpreter it was created with).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+
+# Stamp files record what is installed in .venv. Each depends on pyproject.toml, so an edit
+# there (new dependency, new extra) reinstalls on the next run, and nothing else does.
+VENV_STAMP := $(VENV)/.stamp-venv
+INSTALL_STAMP = $(VENV)/.stamp-install-$(1)
+
+.DEFAULT_GOAL := help
+.DELETE_ON_ERROR:
+.PHONY: help demo test lint clean
+
+help:
+	@sed -n 's/^#   //p' $(firstword $(MAKEFILE_LIST))
+
+# Python 2 parses this too, so even a very old interpreter gets the message, not a SyntaxError.
+define CHECK_PYTHON
+import sys
+if sys.version_info < (3, 11):
+    sys.exit("trioring needs Python 3.11 or newer, but %s is Python %s.\n"
+             "Install one and run e.g. `make PYTHON=python3.11 ...`."
+             % (sys.executable, sys.version.split()[0]))
+endef
+export CHECK_PYTHON
+
+$(VENV_STAMP):
+	@command -v $(PYTHON) >/dev/null 2>&1 || \
+		{ echo "error: '$(PYTHON)' not found; install Python 3.11+ or run make PYTHON=/path/to/python3" >&2; exit 1; }
+	@$(PYTHON) -c "$$CHECK_PYTHON"
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	@touch $@
+
+$(call INSTALL_STAMP,base): pyproject.toml $(VENV_STAMP)
+	$(BIN)/python -m pip install --quiet -e .
+	@touch $@
+
+$(call INSTALL_STAMP,test): pyproject.toml $(VENV_STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	@touch $@
+
+$(call INSTALL_STAMP,dev): pyproject.toml $(VENV_STAMP)
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+demo: $(call INSTALL_STAMP,base)
+	$(BIN)/trioring run -n 4 examples/demo.py
+
+test: $(call INSTALL_STAMP,test)
+	$(BIN)/python -m pytest
+
+lint: $(call INSTALL_STAMP,dev)
+	$(BIN)/ruff check src tests examples
+	$(BIN)/ruff format --check src tests examples
+	$(BIN)/mypy
+
+clean:
+	rm -rf $(VENV) build dist site .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +
+	find . -name '*.egg-info' -type d -prune -exec rm -rf {} +

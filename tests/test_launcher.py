@@ -1,0 +1,430 @@
+"""End-to-end tests of ``python -m trioring run``.
+
+Ranks are small throwaway scripts that do not use the trioring core. Every rank writes a
+report (its environment, pid, argv, what it saw of the socket directory) atomically once it is
+ready, i.e. after its signal dispositions are set; tests and ranks that must wait for their
+peers poll for these reports with a deadline instead of sleeping.
+
+The launcher reaps every rank before it exits, so "no orphan" is checked right after the
+launcher has exited: each reported pid must be gone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+import stat
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+# Bound on any single wait in these tests; pytest-timeout (60 s) bounds each test as a whole.
+DEADLINE_S = 30.0
+
+RANK_SCRIPT = textwrap.dedent(
+    """
+    import json, os, signal, sys, time
+    from pathlib import Path
+
+    out = Path(sys.argv[1])
+    plan = json.loads(sys.argv[2])
+    rank = int(os.environ["RANK"])
+    world_size = int(os.environ["WORLD_SIZE"])
+    action = plan.get(str(rank), plan.get("default", "exit:0"))
+
+    kind, _, arg = action.partition(":")
+    if kind == "stubborn":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if kind == "exit-on-term":
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(int(arg)))
+
+    socket_dir = os.environ.get("TRIORING_SOCKET_DIR")
+    report = {
+        "pid": os.getpid(),
+        "argv": sys.argv[3:],
+        "env": {
+            k: os.environ.get(k)
+            for k in (
+                "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TRIORING_TRANSPORT",
+                "TRIORING_SOCKET_DIR", "MASTER_ADDR", "MASTER_PORT",
+            )
+        },
+        "socket_dir_mode": (
+            os.stat(socket_dir).st_mode if socket_dir and os.path.isdir(socket_dir) else None
+        ),
+    }
+    tmp = out / f".rank{rank}.tmp"
+    tmp.write_text(json.dumps(report))
+    tmp.rename(out / f"rank{rank}.json")  # atomic: readers never see half a report
+
+    def wait_for_peers():
+        deadline = time.monotonic() + 20
+        while len(list(out.glob("rank*.json"))) < world_size:
+            if time.monotonic() > deadline:
+                sys.exit(99)  # a test bug, reported as a distinct exit code
+            time.sleep(0.01)
+
+    def wait_for_exit_of(other):
+        # Exited means reaped or a zombie: the launcher may not have reaped it yet.
+        pid = json.loads((out / f"rank{other}.json").read_text())["pid"]
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+            except FileNotFoundError:
+                return
+            if state == "Z":
+                return
+            if time.monotonic() > deadline:
+                sys.exit(99)
+            time.sleep(0.01)
+
+    if kind == "exit":
+        if arg != "0":
+            wait_for_peers()  # fail only once the others are up, so they must be stopped
+            if "after_exit_of" in plan:
+                wait_for_exit_of(plan["after_exit_of"])
+        sys.exit(int(arg))
+    if kind == "sigkill":
+        wait_for_peers()
+        os.kill(os.getpid(), signal.SIGKILL)
+    if kind in ("block", "stubborn", "exit-on-term"):
+        while True:
+            signal.pause()
+    sys.exit(98)
+    """
+)
+
+
+def _alive(pid: int, marker: str) -> bool:
+    """Whether ``pid`` is still one of our ranks (a reused pid running something else is not)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except FileNotFoundError:
+        return False
+    return marker.encode() in cmdline
+
+
+class Job:
+    """One launcher invocation over :data:`RANK_SCRIPT` in a private directory."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.dir = tmp_path
+        self.script = tmp_path / "rank_script.py"
+        self.script.write_text(RANK_SCRIPT)
+        self.out = tmp_path / "out"
+        self.out.mkdir()
+        self.launchers: list[subprocess.Popen[str]] = []
+
+    def argv(
+        self, nprocs: int, plan: dict[str, str], *options: str, extra: tuple[str, ...] = ()
+    ) -> list[str]:
+        return [
+            sys.executable, "-m", "trioring", "run", "-n", str(nprocs), *options,
+            str(self.script), str(self.out), json.dumps(plan), *extra,
+        ]  # fmt: skip
+
+    def start(self, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        process = subprocess.Popen(
+            argv,
+            cwd=self.dir,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        self.launchers.append(process)
+        return process
+
+    def run(self, argv: list[str], env: dict[str, str] | None = None) -> tuple[int, str, float]:
+        """Run the launcher to completion; return (exit status, stderr, seconds taken)."""
+        start = time.monotonic()
+        process = self.start(argv, env)
+        _, stderr = process.communicate(timeout=DEADLINE_S)
+        return process.returncode, stderr, time.monotonic() - start
+
+    def wait_reports(self, nprocs: int) -> dict[int, dict[str, Any]]:
+        deadline = time.monotonic() + DEADLINE_S
+        while len(list(self.out.glob("rank*.json"))) < nprocs:
+            assert time.monotonic() < deadline, "ranks did not report in time"
+            time.sleep(0.01)
+        return self.reports()
+
+    def reports(self) -> dict[int, dict[str, Any]]:
+        return {
+            int(path.stem.removeprefix("rank")): json.loads(path.read_text())
+            for path in self.out.glob("rank*.json")
+        }
+
+    def assert_no_rank_alive(self) -> None:
+        pids = [report["pid"] for report in self.reports().values()]
+        assert pids, "no rank reported"
+        alive = [pid for pid in pids if _alive(pid, str(self.script))]
+        assert not alive, f"ranks still running: {alive}"
+
+    def cleanup(self) -> None:
+        # Only reached with something left over when a test already failed: don't leak
+        # processes into the rest of the session. Only pids we started, checked by cmdline.
+        for launcher in self.launchers:
+            if launcher.poll() is None:
+                launcher.kill()
+                launcher.communicate()
+        for report in self.reports().values():
+            if _alive(report["pid"], str(self.script)):
+                os.kill(report["pid"], signal.SIGKILL)
+
+
+@pytest.fixture
+def job(tmp_path: Path) -> Iterator[Job]:
+    job = Job(tmp_path)
+    try:
+        yield job
+    finally:
+        job.cleanup()
+
+
+def assert_unix_rendezvous(reports: dict[int, dict[str, Any]]) -> None:
+    """All ranks shared one private socket directory, and it is gone now."""
+    dirs = {report["env"]["TRIORING_SOCKET_DIR"] for report in reports.values()}
+    assert len(dirs) == 1
+    (socket_dir,) = dirs
+    assert socket_dir
+    for report in reports.values():
+        assert report["env"]["TRIORING_TRANSPORT"] == "unix"
+        mode = report["socket_dir_mode"]
+        assert mode is not None, "socket directory did not exist while the rank ran"
+        assert stat.S_ISDIR(mode)
+        assert stat.S_IMODE(mode) == 0o700
+        assert report["env"]["MASTER_ADDR"] is None
+        assert report["env"]["MASTER_PORT"] is None
+    assert not os.path.exists(socket_dir)
+
+
+@pytest.mark.parametrize("nprocs", [1, 3])
+def test_success_sets_rank_environment(job: Job, nprocs: int) -> None:
+    status, stderr, _ = job.run(job.argv(nprocs, {}))
+    assert (status, stderr) == (0, "")
+    reports = job.reports()
+    assert sorted(reports) == list(range(nprocs))
+    for rank, report in reports.items():
+        env = report["env"]
+        assert env["RANK"] == env["LOCAL_RANK"] == str(rank)
+        assert env["WORLD_SIZE"] == env["LOCAL_WORLD_SIZE"] == str(nprocs)
+    assert_unix_rendezvous(reports)
+    job.assert_no_rank_alive()
+
+
+def test_arguments_pass_through_untouched(job: Job) -> None:
+    extra = ("-n", "7", "--grace", "x", "--", "--transport", "tcp")
+    status, stderr, _ = job.run(job.argv(2, {}, "--", extra=extra))
+    assert (status, stderr) == (0, "")
+    reports = job.reports()
+    assert [reports[r]["argv"] for r in range(2)] == [list(extra)] * 2
+    assert all(report["env"]["TRIORING_TRANSPORT"] == "unix" for report in reports.values())
+
+
+def test_module_mode(job: Job) -> None:
+    (job.dir / "rank_module.py").write_text(RANK_SCRIPT)
+    argv = [
+        sys.executable, "-m", "trioring", "run", "-n", "2", "-m", "rank_module",
+        str(job.out), "{}", "--flag",
+    ]  # fmt: skip
+    status, stderr, _ = job.run(argv)
+    assert (status, stderr) == (0, "")
+    reports = job.reports()
+    assert sorted(reports) == [0, 1]
+    assert all(report["argv"] == ["--flag"] for report in reports.values())
+
+
+def test_tcp_transport_sets_master_addr_and_port(job: Job) -> None:
+    # Stale variables of the other transport must not leak into the ranks.
+    env = {**os.environ, "TRIORING_SOCKET_DIR": "/nonexistent", "MASTER_PORT": "1"}
+    status, stderr, _ = job.run(job.argv(3, {}, "--transport", "tcp"), env=env)
+    assert (status, stderr) == (0, "")
+    reports = job.reports()
+    ports = {report["env"]["MASTER_PORT"] for report in reports.values()}
+    assert len(ports) == 1
+    (port,) = ports
+    assert 1024 <= int(port) <= 65535
+    for report in reports.values():
+        assert report["env"]["TRIORING_TRANSPORT"] == "tcp"
+        assert report["env"]["MASTER_ADDR"] == "127.0.0.1"
+        assert report["env"]["TRIORING_SOCKET_DIR"] is None
+
+
+def test_unix_transport_drops_stale_tcp_variables(job: Job) -> None:
+    env = {**os.environ, "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "1"}
+    status, _, _ = job.run(job.argv(2, {}, "--transport", "unix"), env=env)
+    assert status == 0
+    assert_unix_rendezvous(job.reports())
+
+
+def test_failing_rank_stops_the_others(job: Job) -> None:
+    grace = 20.0
+    status, stderr, elapsed = job.run(
+        job.argv(4, {"default": "block", "2": "exit:3"}, "--grace", str(grace))
+    )
+    assert status == 3
+    assert stderr == (
+        "trioring run: rank 2 exited with code 3 (first failure); terminated ranks 0, 1, 3\n"
+    )
+    # Blocked ranks die of SIGTERM at once: nobody waited for the grace period to end.
+    assert elapsed < grace
+    assert_unix_rendezvous(job.reports())
+    job.assert_no_rank_alive()
+
+
+def test_rank_killed_by_signal(job: Job) -> None:
+    status, stderr, _ = job.run(job.argv(3, {"default": "block", "1": "sigkill"}))
+    assert status == 128 + signal.SIGKILL
+    assert stderr == (
+        "trioring run: rank 1 was killed by SIGKILL, exit code 137 (first failure); "
+        "terminated ranks 0, 2\n"
+    )
+    assert_unix_rendezvous(job.reports())
+    job.assert_no_rank_alive()
+
+
+def test_rank_ignoring_sigterm_is_killed_after_grace(job: Job) -> None:
+    grace = 1.0
+    status, stderr, elapsed = job.run(
+        job.argv(3, {"default": "block", "0": "stubborn", "2": "exit:5"}, "--grace", str(grace))
+    )
+    assert status == 5
+    assert stderr == (
+        "trioring run: rank 2 exited with code 5 (first failure); terminated ranks 0, 1 "
+        "(SIGKILL after 1 s grace: ranks 0)\n"
+    )
+    assert elapsed >= grace
+    assert_unix_rendezvous(job.reports())
+    job.assert_no_rank_alive()
+
+
+def test_first_failure_wins_and_late_exits_are_not_failures(job: Job) -> None:
+    # Rank 0 exits 0 early; rank 1 fails; rank 2 exits non-zero only because it was stopped.
+    plan = {"0": "exit:0", "1": "exit:4", "after_exit_of": "0", "2": "exit-on-term:7"}
+    status, stderr, _ = job.run(job.argv(3, plan))
+    assert status == 4
+    assert stderr == (
+        "trioring run: rank 1 exited with code 4 (first failure); terminated ranks 2\n"
+    )
+    job.assert_no_rank_alive()
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
+def test_signal_to_launcher_stops_everything(job: Job, signum: signal.Signals) -> None:
+    launcher = job.start(job.argv(3, {"default": "block"}))
+    job.wait_reports(3)
+    launcher.send_signal(signum)
+    _, stderr = launcher.communicate(timeout=DEADLINE_S)
+    assert launcher.returncode == 128 + signum
+    assert stderr == f"trioring run: received {signum.name}; terminated ranks 0, 1, 2\n"
+    assert_unix_rendezvous(job.reports())
+    job.assert_no_rank_alive()
+
+
+def test_inherited_ignored_signal_stays_ignored(job: Job) -> None:
+    # As under nohup: the launcher starts with SIGHUP ignored.
+    nohup = (
+        "import os, signal, sys; signal.signal(signal.SIGHUP, signal.SIG_IGN); "
+        "os.execv(sys.executable, sys.argv[1:])"
+    )
+    launcher = job.start([sys.executable, "-c", nohup, *job.argv(2, {"default": "block"})])
+    job.wait_reports(2)
+    launcher.send_signal(signal.SIGHUP)
+    # Had SIGHUP been handled, it would have arrived first and stopped the job with 129.
+    launcher.send_signal(signal.SIGTERM)
+    _, stderr = launcher.communicate(timeout=DEADLINE_S)
+    assert launcher.returncode == 128 + signal.SIGTERM
+    assert stderr == "trioring run: received SIGTERM; terminated ranks 0, 1\n"
+    job.assert_no_rank_alive()
+
+
+def test_second_signal_skips_the_grace_period(job: Job) -> None:
+    grace = 60.0
+    start = time.monotonic()
+    launcher = job.start(job.argv(2, {"default": "stubborn"}, "--grace", str(grace)))
+    job.wait_reports(2)
+    launcher.send_signal(signal.SIGINT)
+    # A different signal, so it cannot be merged with the first one while still pending.
+    launcher.send_signal(signal.SIGTERM)
+    _, stderr = launcher.communicate(timeout=DEADLINE_S)
+    assert time.monotonic() - start < grace
+    assert launcher.returncode == 128 + signal.SIGINT
+    assert stderr.startswith("trioring run: received SIGINT; terminated ranks 0, 1 (SIGKILL")
+    assert_unix_rendezvous(job.reports())
+    job.assert_no_rank_alive()
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["-n", "0", "x.py"], "must be at least 1"),
+        (["-n", "2"], "missing TARGET"),
+        (["-n", "2", "--"], "missing TARGET"),
+        (["-n", "2", "--grace", "-1", "x.py"], "must be a finite number"),
+        (["-n", "2", "--transport", "carrier-pigeon", "x.py"], "invalid choice"),
+    ],
+)
+def test_usage_errors(job: Job, options: list[str], message: str) -> None:
+    status, stderr, _ = job.run([sys.executable, "-m", "trioring", "run", *options])
+    assert status == 2
+    assert message in stderr
+    assert not job.reports()
+
+
+def test_console_script_runs_the_launcher(job: Job) -> None:
+    script = Path(sys.executable).with_name("trioring")
+    if not script.exists():
+        pytest.skip("no 'trioring' console script next to this interpreter")
+    argv = job.argv(2, {})
+    status, stderr, _ = job.run([str(script), *argv[argv.index("run") :]])
+    assert (status, stderr) == (0, "")
+    assert sorted(job.reports()) == [0, 1]
+
+
+def test_info_json() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "trioring", "info", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+        check=True,
+    )
+    data = json.loads(result.stdout)
+    assert set(data["versions"]) == {"trioring", "trio", "numpy", "python"}
+    assert data["versions"]["python"] == platform.python_version()
+    names = {cap["name"]: cap for cap in data["capabilities"]}
+    assert {"tcp", "unix"} <= set(names)
+    for cap in names.values():
+        assert set(cap) == {"name", "kind", "available", "reason", "description"}
+        assert (cap["reason"] is None) == cap["available"]
+
+
+def test_info_table() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "trioring", "info"],
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+        check=True,
+    )
+    lines = result.stdout.splitlines()
+    assert lines[0].split() == ["component", "version"]
+    assert any(line.split()[:2] == ["python", platform.python_version()] for line in lines)
+    assert any(line.split()[:3] == ["transport", "unix", "yes"] for line in lines)
