@@ -88,11 +88,12 @@ async def ring_allreduce(
         return _chunks(bounds[index], bounds[index + 1], chunk)
 
     async def sender() -> None:
+        # The channel is deliberately not closed from this side: if a send fails, the receiver
+        # may hand over one more chunk before it is cancelled, and that must not raise.
         for offset, count in segment(r):
             await right.send(spec, offset, _bytes(flat, offset, count))
-        async with ready_receive:
-            async for offset, count in ready_receive:
-                await right.send(spec, offset, _bytes(flat, offset, count))
+        async for offset, count in ready_receive:
+            await right.send(spec, offset, _bytes(flat, offset, count))
 
     async def receiver() -> None:
         # Overflow to inf is a valid result, and a warning would appear only on the rank that
@@ -165,9 +166,9 @@ async def broadcast(world: World, spec: OpSpec, flat: np.ndarray, root: int) -> 
         receive_channel = channels[index][1]
 
         async def send() -> None:
-            async with receive_channel:
-                async for offset, count in receive_channel:
-                    await link.send(spec, offset, _bytes(flat, offset, count))
+            # Not closed from this side, as in ring_allreduce's sender.
+            async for offset, count in receive_channel:
+                await link.send(spec, offset, _bytes(flat, offset, count))
             await link.recv(spec, ack_offset, empty)
 
         return send

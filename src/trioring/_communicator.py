@@ -21,6 +21,7 @@ from ._errors import (
     PeerAbortedError,
     PeerFailedError,
     ProtocolError,
+    TrioringError,
 )
 from ._framing import DTYPE_CODES, OP_NAMES, AbortKind, Kind, Link, OpSpec
 from ._rendezvous import connect_world
@@ -123,7 +124,9 @@ class Communicator(metaclass=NoPublicConstructor):
         transport: Transport,
         links: dict[int, Link],
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        job_id: str = "",
     ) -> None:
+        self._job_id = job_id or None
         self._rank = rank
         self._world_size = world_size
         self._transport = transport
@@ -304,6 +307,7 @@ class Communicator(metaclass=NoPublicConstructor):
         return InvalidArgumentError(
             f"{self._where(kind)}: {message}",
             rank=self._rank,
+            job_id=self._job_id,
             collective=kind.label,
             seq=self._seq + 1,
         )
@@ -341,15 +345,20 @@ class Communicator(metaclass=NoPublicConstructor):
             raise CommunicatorClosedError(
                 f"{self._where(kind)}: the communicator is closed",
                 rank=self._rank,
+                job_id=self._job_id,
                 collective=kind.label,
                 seq=self._seq + 1,
             )
         if self._state is _State.BROKEN:
+            if self._broken_by is not None and _is_cancellation(self._broken_by):
+                why = "was cancelled"
+            else:
+                why = f"failed ({type(self._broken_by).__name__}: {self._broken_by})"
             raise CommunicatorBrokenError(
                 f"{self._where(kind)}: the communicator is broken since collective "
-                f"#{self._seq} failed ({type(self._broken_by).__name__}: {self._broken_by}); "
-                "open a new communicator",
+                f"#{self._seq} {why}; open a new communicator",
                 rank=self._rank,
+                job_id=self._job_id,
                 collective=kind.label,
                 seq=self._seq + 1,
             ) from self._broken_by
@@ -359,6 +368,7 @@ class Communicator(metaclass=NoPublicConstructor):
                 "this communicator; call collectives one at a time, in the same order on "
                 "every rank",
                 rank=self._rank,
+                job_id=self._job_id,
                 collective=kind.label,
                 seq=self._seq + 1,
             )
@@ -396,12 +406,13 @@ class Communicator(metaclass=NoPublicConstructor):
         if relayed is not None:
             kind, subject, reason = relayed
             return AbortKind(kind), subject, reason
+        message = exc._bare_message if isinstance(exc, TrioringError) else str(exc)
         if isinstance(exc, PeerFailedError) and exc.peer is not None:
-            return AbortKind.FAILED, exc.peer, str(exc)
+            return AbortKind.FAILED, exc.peer, message
         if isinstance(exc, CollectiveMismatchError):
-            return AbortKind.MISMATCH, self._rank, str(exc)
+            return AbortKind.MISMATCH, self._rank, message
         if isinstance(exc, ProtocolError):
-            return AbortKind.PROTOCOL, self._rank, str(exc)
+            return AbortKind.PROTOCOL, self._rank, message
         if isinstance(exc, PeerAbortedError) and exc.peer is not None:
             return AbortKind.CANCELLED, exc.peer, exc.reason
         return AbortKind.ERROR, self._rank, f"{type(exc).__name__}: {exc}"
@@ -445,6 +456,7 @@ async def _create_communicator(
         transport=transport,
         links=links,
         chunk_bytes=chunk_bytes,
+        job_id=config.credentials.job_id,
     )
 
 
@@ -487,7 +499,7 @@ async def open_communicator(
         master_port=master_port,
         transport=transport,
     )
-    transport_cls = _registry.get_transport(config.transport)
+    transport_cls = _registry.get_transport(config.transport, source=config.transport_source)
     comm = await _create_communicator(config, transport_cls)
     try:
         yield comm

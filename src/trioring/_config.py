@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import stat
 from typing import TYPE_CHECKING, final
 
 import attrs
 
+from ._auth import Credentials
 from ._errors import ConfigurationError
 
 if TYPE_CHECKING:
@@ -24,6 +27,9 @@ class Config:
     master_addr: str | None
     master_port: int | None
     socket_dir: str | None
+    #: Where the transport name came from, for error messages ("TRIORING_TRANSPORT='x'").
+    transport_source: str = "default"
+    credentials: Credentials = attrs.field(factory=lambda: Credentials(b"", ""))
 
     @property
     def rendezvous_over_socket_dir(self) -> bool:
@@ -90,9 +96,13 @@ def resolve(
         )
 
     if transport is None:
-        transport = env.get("TRIORING_TRANSPORT", "").strip() or DEFAULT_TRANSPORT
+        raw_transport = env.get("TRIORING_TRANSPORT", "").strip()
+        transport = raw_transport or DEFAULT_TRANSPORT
+        transport_source = f"TRIORING_TRANSPORT={raw_transport!r}" if raw_transport else "default"
     elif not isinstance(transport, str) or not transport:
         raise ConfigurationError(f"transport= must be a transport name, got {transport!r}")
+    else:
+        transport_source = f"transport={transport!r}"
 
     socket_dir = env.get("TRIORING_SOCKET_DIR", "").strip() or None
     if socket_dir is not None and transport == "unix" and not os.path.isdir(socket_dir):
@@ -121,6 +131,22 @@ def resolve(
         maximum=65535,
         required=needs_address,
     )
+    secret = _secret(env)
+    if (
+        not secret
+        and master_addr is not None
+        and needs_address
+        and transport != "memory"
+        and not _is_loopback(master_addr)
+        and env.get("TRIORING_ALLOW_INSECURE", "").strip() != "1"
+    ):
+        raise ConfigurationError(
+            f"MASTER_ADDR={master_addr} is not a loopback address and no secret is set: any "
+            "host that can reach it could join the job. Set TRIORING_SECRET (the same random "
+            "string on every rank, e.g. from `python -c 'import secrets; "
+            "print(secrets.token_hex(32))'`) or TRIORING_SECRET_FILE (a file of mode 0600); "
+            "or set TRIORING_ALLOW_INSECURE=1 on a network you trust"
+        )
     return Config(
         rank=me,
         world_size=size,
@@ -128,4 +154,77 @@ def resolve(
         master_addr=master_addr,
         master_port=port,
         socket_dir=socket_dir if transport == "unix" else None,
+        transport_source=transport_source,
+        credentials=Credentials(secret, job_id(env)),
     )
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() in ("localhost", "localhost.localdomain", "ip6-localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: assume it is reachable from elsewhere
+
+
+#: Launcher variables a job id is derived from when TRIORING_JOB_ID is not set, in order.
+JOB_ID_VARIABLES = (
+    "TRIORING_JOB_ID",
+    "TORCHELASTIC_RUN_ID",
+    "SLURM_JOB_ID",
+    "PMIX_NAMESPACE",
+    "OMPI_MCA_ess_base_jobid",
+)
+
+
+def job_id(env: Mapping[str, str]) -> str:
+    """The job id: ``TRIORING_JOB_ID``, else the launcher's job or run id, else empty."""
+    for name in JOB_ID_VARIABLES:
+        value = env.get(name, "").strip()
+        if value:
+            if name == "SLURM_JOB_ID" and env.get("SLURM_STEP_ID", "").strip():
+                return f"slurm-{value}.{env['SLURM_STEP_ID'].strip()}"
+            return value if name == "TRIORING_JOB_ID" else f"{name}={value}"
+    return ""
+
+
+_MIN_SECRET_BYTES = 16
+
+
+def _secret(env: Mapping[str, str]) -> bytes:
+    """The shared secret from TRIORING_SECRET, or from the file TRIORING_SECRET_FILE names.
+    Errors never include the secret itself."""
+    value = env.get("TRIORING_SECRET", "")
+    path = env.get("TRIORING_SECRET_FILE", "").strip()
+    if value and path:
+        raise ConfigurationError("set TRIORING_SECRET or TRIORING_SECRET_FILE, not both")
+    if path:
+        try:
+            info = os.stat(path)
+            with open(path, "rb") as file:
+                data = file.read(65537).strip()
+        except OSError as exc:
+            raise ConfigurationError(
+                f"TRIORING_SECRET_FILE={path!r} cannot be read: {exc.strerror}"
+            ) from None
+        if stat.S_IMODE(info.st_mode) & 0o077:
+            raise ConfigurationError(
+                f"TRIORING_SECRET_FILE={path!r} has mode {stat.S_IMODE(info.st_mode):04o}; other "
+                f"users could read it. Run `chmod 600 {path}`"
+            )
+        if info.st_uid != os.getuid():
+            raise ConfigurationError(
+                f"TRIORING_SECRET_FILE={path!r} belongs to another user (uid {info.st_uid})"
+            )
+        secret = data
+        source = "TRIORING_SECRET_FILE"
+    else:
+        secret = value.strip().encode()
+        source = "TRIORING_SECRET"
+    if secret and len(secret) < _MIN_SECRET_BYTES:
+        raise ConfigurationError(
+            f"{source} is too short ({len(secret)} bytes); use at least {_MIN_SECRET_BYTES} "
+            "random bytes, e.g. `python -c 'import secrets; print(secrets.token_hex(32))'`"
+        )
+    return secret

@@ -51,6 +51,8 @@ class TrioringError(Exception):
         collective: the collective that was running (``"allreduce"``, ``"broadcast"``,
             ``"barrier"``, ``"rendezvous"``), if any.
         seq: the collective's sequence number on this communicator (1 for the first), if any.
+        job_id: the job's id (``TRIORING_JOB_ID`` or the launcher's), when there is one; the
+            message then ends with ``[job <id>]``.
     """
 
     def __init__(
@@ -61,12 +63,15 @@ class TrioringError(Exception):
         peer: int | None = None,
         collective: str | None = None,
         seq: int | None = None,
+        job_id: str | None = None,
     ) -> None:
-        super().__init__(message)
+        super().__init__(f"{message} [job {job_id}]" if job_id else message)
+        self._bare_message = message
         self.rank = rank
         self.peer = peer
         self.collective = collective
         self.seq = seq
+        self.job_id = job_id
 
 
 @final
@@ -160,8 +165,11 @@ class PeerAbortedError(CollectiveError):
         peer: int | None = None,
         collective: str | None = None,
         seq: int | None = None,
+        job_id: str | None = None,
     ) -> None:
-        super().__init__(message, rank=rank, peer=peer, collective=collective, seq=seq)
+        super().__init__(
+            message, rank=rank, peer=peer, collective=collective, seq=seq, job_id=job_id
+        )
         self.reason = reason
 
 

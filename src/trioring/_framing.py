@@ -41,6 +41,8 @@ VERSION = 1
 HEADER = struct.Struct("<4sBBBBB3xiQQQQ")
 assert HEADER.size == 48
 MAX_REASON_BYTES = 4096
+# How long a rank whose send failed looks for the abort frame that may explain it.
+_PENDING_ABORT_SECONDS = 0.05
 NO_ROOT = -1
 
 
@@ -140,11 +142,13 @@ class Link:
     payload.
     """
 
-    def __init__(self, rank: int, peer: int, connection: Connection) -> None:
+    def __init__(self, rank: int, peer: int, connection: Connection, *, job_id: str = "") -> None:
         self.rank = rank
+        self.job_id = job_id or None
         self.peer = peer
         self.connection = connection
         self.send_clean = True
+        self.receiving = False
         self._send_header = bytearray(HEADER.size)
         self._recv_header = bytearray(HEADER.size)
         self._recv_header_view = memoryview(self._recv_header)
@@ -158,6 +162,7 @@ class Link:
         return PeerFailedError(
             f"{self._context(spec)}: connection to peer rank {self.peer} {detail}",
             rank=self.rank,
+            job_id=self.job_id,
             peer=self.peer,
             collective=spec.kind.label,
             seq=spec.seq,
@@ -168,6 +173,7 @@ class Link:
             f"{self._context(spec)}: the communicator was closed by another task while this "
             "collective was running",
             rank=self.rank,
+            job_id=self.job_id,
             collective=spec.kind.label,
             seq=spec.seq,
         )
@@ -176,6 +182,7 @@ class Link:
         return ProtocolError(
             f"{self._context(spec)}: from peer rank {self.peer}: {detail}",
             rank=self.rank,
+            job_id=self.job_id,
             peer=self.peer,
             collective=spec.kind.label,
             seq=spec.seq,
@@ -204,6 +211,7 @@ class Link:
         try:
             await self.connection.send_all(self._send_header, payload)
         except trio.BrokenResourceError as exc:
+            await self._raise_pending_abort(spec)
             raise self._failed(spec, f"broke while sending: {exc}") from exc
         except trio.ClosedResourceError as exc:
             raise self._closed(spec) from exc
@@ -223,6 +231,24 @@ class Link:
             await self.connection.send_all(header, data)
 
     # -- receiving ---------------------------------------------------------------------
+
+    async def _raise_pending_abort(self, spec: OpSpec) -> None:
+        """After a failed send: a peer that gives up sends an abort frame and then closes, so
+        its reason may be waiting in our receive buffer. If nobody else is receiving on this
+        link, look for it briefly, so that we report the cause (say, "rank 2 failed") rather
+        than the broken pipe it left behind."""
+        if self.receiving:
+            return
+        with trio.move_on_after(_PENDING_ABORT_SECONDS):
+            try:
+                await self._recv_exactly(spec, self._recv_header_view, "a frame header")
+            except CollectiveError:
+                return
+            (magic, version, ftype, kind, _, _, root, seq, _, _, nbytes) = HEADER.unpack(
+                self._recv_header
+            )
+            if magic == MAGIC and version == VERSION and ftype == FrameType.ABORT:
+                await self._raise_abort(spec, kind, root, seq, nbytes)
 
     async def _recv_exactly(self, spec: OpSpec, view: memoryview, what: str) -> None:
         total = view.nbytes
@@ -245,6 +271,13 @@ class Link:
     async def recv(self, spec: OpSpec, offset: int, into: memoryview) -> None:
         """Receive the DATA frame of ``spec`` at element ``offset`` whose payload fills
         ``into`` exactly. Raises the precise :class:`CollectiveError` on anything else."""
+        self.receiving = True
+        try:
+            await self._recv_frame(spec, offset, into)
+        finally:
+            self.receiving = False
+
+    async def _recv_frame(self, spec: OpSpec, offset: int, into: memoryview) -> None:
         await self._recv_exactly(spec, self._recv_header_view, "a frame header")
         (magic, version, ftype, kind, op, dtype, root, seq, count, r_offset, nbytes) = (
             HEADER.unpack(self._recv_header)
@@ -269,6 +302,7 @@ class Link:
             raise CollectiveMismatchError(
                 f"rank {self.rank}: {spec.describe()}, rank {self.peer}: {remote}",
                 rank=self.rank,
+                job_id=self.job_id,
                 peer=self.peer,
                 collective=spec.kind.label,
                 seq=spec.seq,
@@ -291,20 +325,34 @@ class Link:
         if nbytes:
             await self._recv_exactly(spec, memoryview(data), "an abort reason")
         reason = data.decode("utf-8", "replace")
-        raise abort_error(self.rank, self.peer, spec, kind, subject, seq, reason)
+        raise abort_error(self.rank, self.peer, spec, kind, subject, seq, reason, self.job_id)
 
 
 def abort_error(
-    rank: int, sender: int, spec: OpSpec, kind: int, subject: int, seq: int, reason: str
+    rank: int,
+    sender: int,
+    spec: OpSpec,
+    kind: int,
+    subject: int,
+    seq: int,
+    reason: str,
+    job_id: str | None = None,
 ) -> CollectiveError:
     """The exception a rank raises on receiving an abort frame from ``sender``."""
-    error = _abort_error(rank, sender, spec, kind, subject, seq, reason)
+    error = _abort_error(rank, sender, spec, kind, subject, seq, reason, job_id)
     error._trioring_abort = (kind, subject, reason)
     return error
 
 
 def _abort_error(
-    rank: int, sender: int, spec: OpSpec, kind: int, subject: int, seq: int, reason: str
+    rank: int,
+    sender: int,
+    spec: OpSpec,
+    kind: int,
+    subject: int,
+    seq: int,
+    reason: str,
+    job_id: str | None,
 ) -> CollectiveError:
     where = f"rank {rank}: {spec.kind.label} #{spec.seq}"
     via = "" if subject == sender else f" (relayed by rank {sender})"
@@ -316,6 +364,7 @@ def _abort_error(
             peer=subject,
             collective=label,
             seq=spec.seq,
+            job_id=job_id,
         )
     if kind == AbortKind.MISMATCH:
         return CollectiveMismatchError(
@@ -324,6 +373,7 @@ def _abort_error(
             peer=subject,
             collective=label,
             seq=spec.seq,
+            job_id=job_id,
         )
     if kind == AbortKind.PROTOCOL:
         return ProtocolError(
@@ -332,6 +382,7 @@ def _abort_error(
             peer=subject,
             collective=label,
             seq=spec.seq,
+            job_id=job_id,
         )
     verb = "cancelled" if kind == AbortKind.CANCELLED else "aborted"
     return PeerAbortedError(
@@ -341,4 +392,5 @@ def _abort_error(
         peer=subject,
         collective=label,
         seq=spec.seq,
+        job_id=job_id,
     )

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -55,7 +56,15 @@ _REAP_AFTER_KILL_S = 5.0
 
 # Variables that belong to one transport's rendezvous: a rank must never see a stale value
 # for the transport it was not started with (e.g. MASTER_PORT left over from a torchrun shell).
-_RENDEZVOUS_VARIABLES = ("TRIORING_TRANSPORT", "TRIORING_SOCKET_DIR", "MASTER_ADDR", "MASTER_PORT")
+_RENDEZVOUS_VARIABLES = (
+    "TRIORING_TRANSPORT",
+    "TRIORING_SOCKET_DIR",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TRIORING_SECRET",
+    "TRIORING_SECRET_FILE",
+    "TRIORING_JOB_ID",
+)
 
 
 def _positive(_instance: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -144,14 +153,22 @@ def _free_tcp_port(host: str) -> int:
 def rendezvous_environment(transport: Transport) -> Iterator[dict[str, str]]:
     """Yield the rendezvous variables that every rank of ``transport`` needs.
 
-    For ``unix``: ``TRIORING_SOCKET_DIR`` names a new private directory (mode 0700, made by
+    Always a fresh ``TRIORING_JOB_ID`` and ``TRIORING_SECRET``. For ``unix``:
+    ``TRIORING_SOCKET_DIR`` names a new private directory (mode 0700, made by
     :func:`tempfile.mkdtemp`), removed with everything in it when the context exits, whether
     normally, by exception or by cancellation. For ``tcp``: ``MASTER_ADDR=127.0.0.1`` and a
     ``MASTER_PORT`` that was free a moment ago.
     """
+    # Every job gets its own id and secret, so that two jobs on one host can never join each
+    # other, and no other process can join this one without reading our environment.
+    job = {
+        "TRIORING_JOB_ID": f"run-{secrets.token_hex(6)}",
+        "TRIORING_SECRET": secrets.token_hex(32),
+    }
     if transport == "tcp":
         host = "127.0.0.1"
         yield {
+            **job,
             "TRIORING_TRANSPORT": "tcp",
             "MASTER_ADDR": host,
             "MASTER_PORT": str(_free_tcp_port(host)),
@@ -161,7 +178,7 @@ def rendezvous_environment(transport: Transport) -> Iterator[dict[str, str]]:
     # "-run-" tells our directories from the ones UnixTransport makes for itself.
     socket_dir = tempfile.mkdtemp(prefix="trioring-run-")
     try:
-        yield {"TRIORING_TRANSPORT": "unix", "TRIORING_SOCKET_DIR": socket_dir}
+        yield {**job, "TRIORING_TRANSPORT": "unix", "TRIORING_SOCKET_DIR": socket_dir}
     finally:
         shutil.rmtree(socket_dir, ignore_errors=True)
 

@@ -132,14 +132,16 @@ def is_available(name: str) -> bool:
     return entry is not None and _row(entry).available
 
 
-def get_transport(name: str) -> type[Transport]:
+def get_transport(name: str, *, source: str | None = None) -> type[Transport]:
     """The transport class for ``name``; raises :class:`ConfigurationError` for unknown names
-    and :class:`TransportUnavailable` (with the reason) when it cannot run here."""
+    (naming ``source``, e.g. ``"TRIORING_TRANSPORT='x'"``) and :class:`TransportUnavailable`
+    (with the reason) when it cannot run here."""
     entries = _entries()
     entry = entries.get(name)
     if entry is None:
         known = ", ".join(sorted(entries))
-        raise ConfigurationError(f"unknown transport {name!r}; known transports: {known}")
+        where = f"{source}: " if source else ""
+        raise ConfigurationError(f"{where}unknown transport {name!r}; known transports: {known}")
     row = _row(entry)
     if not row.available or entry.cls is None:
         raise TransportUnavailable(name, row.reason or "unknown reason")

@@ -1,6 +1,9 @@
 """Assemble the world: every rank learns every other rank's data address, then the ranks
 connect pairwise (a full mesh: rank i connects to every j < i and accepts every j > i).
 
+Every connection, rendezvous and data alike, first runs the mutual HMAC handshake of
+:mod:`trioring._auth`; only an authenticated peer gets to send anything else.
+
 Rendezvous protocol (over TCP at ``MASTER_ADDR:MASTER_PORT``, or over a Unix socket in
 ``TRIORING_SOCKET_DIR``): rank 0 listens; every other rank connects (retrying until rank 0 is
 up), opens its data listener and sends HELLO {rank, world_size, transport, address}; rank 0
@@ -25,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from . import _auth
 from ._concurrency import run_concurrently
 from ._errors import RendezvousError
 from ._framing import Link
@@ -43,16 +47,17 @@ HELLO, TABLE, REFUSE, MESH_HELLO, MESH_ACK = 1, 2, 3, 4, 5
 _MAX_SMALL_BODY = 4096
 _MAX_TABLE_BODY = 16 * 1024 * 1024
 
-#: How long an accepted connection may take to say who it is. This is trioring's only
-#: internal deadline: without it, a client that connects and then says nothing would hold a
-#: slot forever. It never bounds how long ranks wait for each other; the caller's cancel
-#: scope does that.
-HANDSHAKE_SECONDS = 10.0
+#: How long an accepted connection may take to authenticate and say who it is (see
+#: :data:`trioring._auth.HANDSHAKE_SECONDS`).
+HANDSHAKE_SECONDS = _auth.HANDSHAKE_SECONDS
 
 _RETRY_FIRST_DELAY = 0.005
 _RETRY_MAX_DELAY = 0.5
 
-RENDEZVOUS_SOCKET_NAME = "trioring-rendezvous.sock"
+
+def rendezvous_socket_name(config: Config) -> str:
+    """One name per job, so that jobs sharing a socket directory never meet."""
+    return f"trioring-{config.credentials.job_digest[:6].hex()}.sock"
 
 
 class _BadMessage(Exception):
@@ -109,7 +114,9 @@ def _field(body: dict[str, Any], name: str, kind: type) -> Any:
     return value
 
 
-async def _connect_retrying(transport: Transport, address: str, rank: int) -> Connection:
+async def _connect_retrying(
+    transport: Transport, address: str, rank: int, job_id: str | None
+) -> Connection:
     """Connect to the rendezvous, waiting for rank 0 to start listening. Retries for as long as
     the caller's cancel scope allows; an address that cannot even be resolved fails at once."""
     delay = _RETRY_FIRST_DELAY
@@ -121,6 +128,7 @@ async def _connect_retrying(transport: Transport, address: str, rank: int) -> Co
                 f"rank {rank}: cannot resolve the rendezvous address {address} (MASTER_ADDR): {exc}",
                 rank=rank,
                 collective="rendezvous",
+                job_id=job_id,
             ) from exc
         except OSError:
             await trio.sleep(delay)
@@ -130,7 +138,7 @@ async def _connect_retrying(transport: Transport, address: str, rank: int) -> Co
 def rendezvous_address(config: Config) -> str:
     if config.rendezvous_over_socket_dir:
         assert config.socket_dir is not None
-        return os.path.join(config.socket_dir, RENDEZVOUS_SOCKET_NAME)
+        return os.path.join(config.socket_dir, rendezvous_socket_name(config))
     assert config.master_addr is not None
     assert config.master_port is not None
     return format_host_port(config.master_addr, config.master_port)
@@ -155,12 +163,17 @@ async def _serve(config: Config, listener: Listener, own_address: str) -> tuple[
         async def handle(connection: Connection) -> None:
             try:
                 with trio.fail_after(HANDSHAKE_SECONDS):
+                    peer = await _auth.accept(
+                        connection, config.credentials, role=_auth.Role.RENDEZVOUS, rank=0
+                    )
                     _, body = await _read_message(connection, {HELLO})
                 rank = _field(body, "rank", int)
                 world_size = _field(body, "world_size", int)
                 transport = _field(body, "transport", str)
                 address = _field(body, "address", str)
-            except (_BadMessage, trio.TooSlowError):
+                if (rank, world_size) != (peer.rank, peer.world_size):
+                    raise _BadMessage("hello disagrees with the handshake")
+            except (_BadMessage, _auth.HandshakeError, trio.TooSlowError):
                 # A stranger, or a client that gave up: not a rank of ours.
                 await trio.aclose_forcefully(connection)
                 return
@@ -180,7 +193,13 @@ async def _serve(config: Config, listener: Listener, own_address: str) -> tuple[
                 problem = f"two processes claim rank {rank} (check RANK)"
             if problem is not None:
                 await refuse_all(problem, connection)
-                failure.append(RendezvousError(f"rank 0: rendezvous failed: {problem}", rank=0))
+                failure.append(
+                    RendezvousError(
+                        f"rank 0: rendezvous failed: {problem}",
+                        rank=0,
+                        job_id=config.credentials.job_id or None,
+                    )
+                )
                 nursery.cancel_scope.cancel()
                 return
             hellos[rank] = (connection, address)
@@ -205,7 +224,10 @@ async def _serve(config: Config, listener: Listener, own_address: str) -> tuple[
                 )
             except _BadMessage as exc:
                 raise RendezvousError(
-                    f"rank 0: rank {rank} left during rendezvous: {exc}", rank=0, peer=rank
+                    f"rank 0: rank {rank} left during rendezvous: {exc}",
+                    rank=0,
+                    peer=rank,
+                    job_id=config.credentials.job_id or None,
                 ) from exc
         return session, addresses
     finally:
@@ -223,6 +245,14 @@ async def _join(config: Config, connection: Connection, own_address: str) -> tup
         "address": own_address,
     }
     try:
+        await _auth.initiate(
+            connection,
+            config.credentials,
+            role=_auth.Role.RENDEZVOUS,
+            rank=rank,
+            peer=0,
+            world_size=config.world_size,
+        )
         await _send_message(connection, HELLO, hello)
         kind, body = await _read_message(connection, {TABLE, REFUSE}, _MAX_TABLE_BODY)
         if kind == REFUSE:
@@ -231,15 +261,17 @@ async def _join(config: Config, connection: Connection, own_address: str) -> tup
                 rank=rank,
                 peer=0,
                 collective="rendezvous",
+                job_id=config.credentials.job_id or None,
             )
         session = _field(body, "session", str)
         addresses = _field(body, "addresses", list)
-    except _BadMessage as exc:
+    except (_BadMessage, _auth.HandshakeError) as exc:
         raise RendezvousError(
             f"rank {rank}: rendezvous with rank 0 failed: {exc}",
             rank=rank,
             peer=0,
             collective="rendezvous",
+            job_id=config.credentials.job_id or None,
         ) from exc
     if len(addresses) != config.world_size or not all(isinstance(a, str) for a in addresses):
         raise RendezvousError(
@@ -247,6 +279,7 @@ async def _join(config: Config, connection: Connection, own_address: str) -> tup
             rank=rank,
             peer=0,
             collective="rendezvous",
+            job_id=config.credentials.job_id or None,
         )
     return session, addresses
 
@@ -264,7 +297,11 @@ async def _mesh(
 
     def error(message: str, peer: int) -> RendezvousError:
         return RendezvousError(
-            f"rank {rank}: {message}", rank=rank, peer=peer, collective="rendezvous"
+            f"rank {rank}: {message}",
+            rank=rank,
+            peer=peer,
+            collective="rendezvous",
+            job_id=config.credentials.job_id or None,
         )
 
     async def connect_to(peer: int) -> None:
@@ -274,19 +311,27 @@ async def _mesh(
         except OSError as exc:
             raise error(f"cannot connect to rank {peer} at {address}: {exc}", peer) from exc
         try:
+            await _auth.initiate(
+                connection,
+                config.credentials,
+                role=_auth.Role.MESH,
+                rank=rank,
+                peer=peer,
+                world_size=size,
+            )
             await _send_message(
                 connection, MESH_HELLO, {"session": session, "from": rank, "to": peer}
             )
             _, body = await _read_message(connection, {MESH_ACK})
             if body.get("session") != session or body.get("from") != peer:
-                raise _BadMessage("the answer came from another job or rank")
-        except _BadMessage as exc:
+                raise _BadMessage("the answer came from another world or rank")
+        except (_BadMessage, _auth.HandshakeError) as exc:
             await trio.aclose_forcefully(connection)
             raise error(f"handshake with rank {peer} at {address} failed: {exc}", peer) from exc
         except BaseException:
             await trio.aclose_forcefully(connection)
             raise
-        links[peer] = Link(rank, peer, connection)
+        links[peer] = Link(rank, peer, connection, job_id=config.credentials.job_id)
 
     async def accept_higher() -> None:
         pending = set(range(rank + 1, size))
@@ -297,20 +342,29 @@ async def _mesh(
             async def handle(connection: Connection) -> None:
                 try:
                     with trio.fail_after(HANDSHAKE_SECONDS):
+                        client = await _auth.accept(
+                            connection, config.credentials, role=_auth.Role.MESH, rank=rank
+                        )
+                        peer = client.rank
+                        if client.world_size != size or peer not in pending:
+                            raise _BadMessage(
+                                f"unexpected rank {peer} of world {client.world_size}"
+                            )
                         _, body = await _read_message(connection, {MESH_HELLO})
-                        peer = body.get("from")
-                        if body.get("session") != session or body.get("to") != rank:
-                            raise _BadMessage("not from this job")
-                        if not isinstance(peer, int) or peer not in pending:
-                            raise _BadMessage(f"unexpected rank {peer!r}")
+                        if (body.get("session"), body.get("from"), body.get("to")) != (
+                            session,
+                            peer,
+                            rank,
+                        ):
+                            raise _BadMessage("not from this world")
                         pending.discard(peer)
                         await _send_message(
                             connection, MESH_ACK, {"session": session, "from": rank}
                         )
-                except (_BadMessage, trio.TooSlowError):
+                except (_BadMessage, _auth.HandshakeError, trio.TooSlowError):
                     await trio.aclose_forcefully(connection)
                     return
-                links[peer] = Link(rank, peer, connection)
+                links[peer] = Link(rank, peer, connection, job_id=config.credentials.job_id)
                 # Stop accepting only once every higher rank's handshake has completed, not
                 # merely started: cancelling earlier would cut a handshake in half.
                 if all(p in links for p in range(rank + 1, size)):
@@ -361,6 +415,7 @@ async def connect_world(
                     f"rank 0: cannot listen for the rendezvous at {address}: {exc}",
                     rank=0,
                     collective="rendezvous",
+                    job_id=config.credentials.job_id or None,
                 ) from exc
             try:
                 transport = make_transport(base)
@@ -371,7 +426,9 @@ async def connect_world(
             finally:
                 await rendezvous_listener.aclose()
         else:
-            connection = await _connect_retrying(rendezvous, address, rank)
+            connection = await _connect_retrying(
+                rendezvous, address, rank, config.credentials.job_id or None
+            )
             try:
                 host = connection.local_host or base.host
                 transport = make_transport(

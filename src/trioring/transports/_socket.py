@@ -80,8 +80,9 @@ class SocketConnection(Connection):
 
 @final
 class SocketListener(Listener):
-    """A listening stream socket. ``on_close`` releases what the address holds (a socket
-    file), after the socket is closed."""
+    """A listening stream socket. ``admit`` may refuse an accepted connection (it is closed
+    and never returned); ``configure`` sets options on admitted ones; ``on_close`` releases
+    what the address holds (a socket file) after the socket is closed."""
 
     def __init__(
         self,
@@ -89,11 +90,13 @@ class SocketListener(Listener):
         address: str,
         *,
         configure: Callable[[trio.socket.SocketType], None] | None = None,
+        admit: Callable[[trio.socket.SocketType], bool] | None = None,
         on_close: Callable[[], None] | None = None,
     ) -> None:
         self._sock = sock
         self._address = address
         self._configure = configure
+        self._admit = admit
         self._on_close = on_close
 
     @property
@@ -110,6 +113,9 @@ class SocketListener(Listener):
                 if exc.errno in _ACCEPT_RETRY_ERRNOS:
                     continue
                 raise
+            if self._admit is not None and not self._admit(conn):
+                conn.close()
+                continue
             if self._configure is not None:
                 self._configure(conn)
             return SocketConnection(conn)

@@ -9,6 +9,7 @@ import secrets
 import shutil
 import socket as _stdlib_socket
 import stat
+import struct
 import tempfile
 from typing import final
 
@@ -25,6 +26,10 @@ _MAX_PATH_BYTES = 107
 
 
 def _check_path(path: str) -> None:
+    if path.startswith("\0"):
+        # Abstract sockets have no file permissions and are shared by a whole network
+        # namespace (CVE-2020-15257): never used implicitly.
+        raise OSError(errno.EINVAL, "abstract-namespace Unix sockets are not supported; use a path")
     if len(os.fsencode(path)) > _MAX_PATH_BYTES:
         raise OSError(
             errno.ENAMETOOLONG,
@@ -52,6 +57,21 @@ async def _remove_if_stale(path: str) -> None:
         pass
     finally:
         probe.close()
+
+
+_PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def _same_user(sock: trio.socket.SocketType) -> bool:
+    """Admit only processes of our own user: the socket file is 0600 already, but a process
+    that opened it before the chmod, or root, could still connect."""
+    so_peercred = getattr(_stdlib_socket, "SO_PEERCRED", None)
+    if so_peercred is None:  # pragma: no cover - not Linux: rely on the file's mode
+        return True
+    _, uid, _ = _PEERCRED.unpack(
+        sock.getsockopt(trio.socket.SOL_SOCKET, so_peercred, _PEERCRED.size)
+    )
+    return bool(uid == os.getuid())
 
 
 @final
@@ -99,6 +119,8 @@ class UnixTransport(Transport):
         sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
         try:
             await sock.bind(address)
+            # Between bind and chmod the file has the umask's mode; SO_PEERCRED (see
+            # _same_user) still keeps other users out in that window.
             os.chmod(address, 0o600)
             sock.listen(_LISTEN_BACKLOG)
         except BaseException:
@@ -110,7 +132,7 @@ class UnixTransport(Transport):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
 
-        return SocketListener(sock, address, on_close=unlink)
+        return SocketListener(sock, address, admit=_same_user, on_close=unlink)
 
     async def connect(self, address: str) -> SocketConnection:
         _check_path(address)
