@@ -12,6 +12,7 @@ import numpy as np
 import trio
 
 from . import _algorithms, _config, _registry
+from ._concurrency import is_cancellation
 from ._errors import (
     CollectiveMismatchError,
     CommunicatorBrokenError,
@@ -73,15 +74,6 @@ def _aligned_scratch(nbytes: int) -> np.ndarray[tuple[int], np.dtype[np.uint8]]:
     raw = np.zeros(nbytes + _PAGE, dtype=np.uint8)
     start = (-raw.ctypes.data) % _PAGE
     return raw[start : start + nbytes]
-
-
-def _is_cancellation(exc: BaseException) -> bool:
-    if isinstance(exc, trio.Cancelled):
-        return True
-    if isinstance(exc, BaseExceptionGroup):
-        _, rest = exc.split(trio.Cancelled)
-        return rest is None
-    return False
 
 
 @final
@@ -350,7 +342,7 @@ class Communicator(metaclass=NoPublicConstructor):
                 seq=self._seq + 1,
             )
         if self._state is _State.BROKEN:
-            if self._broken_by is not None and _is_cancellation(self._broken_by):
+            if self._broken_by is not None and is_cancellation(self._broken_by):
                 why = "was cancelled"
             else:
                 why = f"failed ({type(self._broken_by).__name__}: {self._broken_by})"
@@ -400,7 +392,7 @@ class Communicator(metaclass=NoPublicConstructor):
             self._running = None
 
     def _abort_notice(self, exc: BaseException) -> tuple[AbortKind, int, str]:
-        if _is_cancellation(exc):
+        if is_cancellation(exc):
             return AbortKind.CANCELLED, self._rank, "cancelled"
         relayed = getattr(exc, "_trioring_abort", None)
         if relayed is not None:

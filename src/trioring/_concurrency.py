@@ -25,6 +25,17 @@ _PRIORITY: dict[type[TrioringError], int] = {
 }
 
 
+def is_cancellation(exc: BaseException) -> bool:
+    """Whether ``exc`` is a cancellation: a :class:`trio.Cancelled`, or a group of nothing
+    else (as a nursery raises when a cancel scope around it fires)."""
+    if isinstance(exc, trio.Cancelled):
+        return True
+    if isinstance(exc, BaseExceptionGroup):
+        _, rest = exc.split(trio.Cancelled)
+        return rest is None
+    return False
+
+
 async def run_concurrently(*functions: Callable[[], Awaitable[None]]) -> None:
     """Run ``functions`` as sibling tasks and wait for all of them.
 

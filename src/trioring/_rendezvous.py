@@ -20,6 +20,7 @@ bounded size; nothing is unpickled or evaluated.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import secrets
 import socket as _stdlib_socket
@@ -29,7 +30,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from . import _auth
-from ._concurrency import run_concurrently
+from ._concurrency import is_cancellation, run_concurrently
 from ._errors import RendezvousError
 from ._framing import Link
 from .transports import Connection, Listener, Transport, TransportContext
@@ -50,6 +51,11 @@ _MAX_TABLE_BODY = 16 * 1024 * 1024
 #: How long an accepted connection may take to authenticate and say who it is (see
 #: :data:`trioring._auth.HANDSHAKE_SECONDS`).
 HANDSHAKE_SECONDS = _auth.HANDSHAKE_SECONDS
+#: At most this many connections may be in their handshake at once on one listener; more are
+#: closed at once, so that a flood of idle connections cannot exhaust file descriptors.
+MAX_PENDING_HANDSHAKES = 128
+
+logger = logging.getLogger("trioring")
 
 _RETRY_FIRST_DELAY = 0.005
 _RETRY_MAX_DELAY = 0.5
@@ -158,60 +164,128 @@ async def _serve(config: Config, listener: Listener, own_address: str) -> tuple[
             except _BadMessage:
                 pass
 
-    async with trio.open_nursery() as nursery:
+    started = trio.current_time()
+    try:
+        async with trio.open_nursery() as nursery:
+            await _serve_hellos(config, listener, nursery, hellos, failure, refuse_all)
+    except BaseException as exc:
+        missing = sorted(set(range(1, size)) - hellos.keys())
+        if missing and is_cancellation(exc):
+            logger.warning(
+                "rank 0: rendezvous at %s interrupted after %.1f s; ranks %s never joined%s",
+                rendezvous_address(config),
+                trio.current_time() - started,
+                ", ".join(map(str, missing)),
+                _job_suffix(config),
+            )
+        for connection, _ in hellos.values():
+            await trio.aclose_forcefully(connection)
+        raise
+    return await _answer(config, hellos, failure, own_address)
 
-        async def handle(connection: Connection) -> None:
-            try:
-                with trio.fail_after(HANDSHAKE_SECONDS):
-                    peer = await _auth.accept(
-                        connection, config.credentials, role=_auth.Role.RENDEZVOUS, rank=0
-                    )
-                    _, body = await _read_message(connection, {HELLO})
-                rank = _field(body, "rank", int)
-                world_size = _field(body, "world_size", int)
-                transport = _field(body, "transport", str)
-                address = _field(body, "address", str)
-                if (rank, world_size) != (peer.rank, peer.world_size):
-                    raise _BadMessage("hello disagrees with the handshake")
-            except (_BadMessage, _auth.HandshakeError, trio.TooSlowError):
-                # A stranger, or a client that gave up: not a rank of ours.
-                await trio.aclose_forcefully(connection)
-                return
-            problem = None
-            if world_size != size:
-                problem = (
-                    f"rank {rank} says WORLD_SIZE={world_size} but rank 0 says WORLD_SIZE={size}"
+
+def _job_suffix(config: Config) -> str:
+    return f" [job {config.credentials.job_id}]" if config.credentials.job_id else ""
+
+
+class _Admission:
+    """Counts connections in their handshake and refuses those beyond the limit."""
+
+    def __init__(self, config: Config, where: str) -> None:
+        self.pending = 0
+        self.rejected = 0
+        self._config = config
+        self._where = where
+
+    def reject(self, reason: str) -> None:
+        self.rejected += 1
+        logger.info(
+            "rank %d: rejected a connection during the %s: %s%s",
+            self._config.rank,
+            self._where,
+            reason,
+            _job_suffix(self._config),
+        )
+
+
+async def _serve_hellos(
+    config: Config,
+    listener: Listener,
+    nursery: trio.Nursery,
+    hellos: dict[int, tuple[Connection, str]],
+    failure: list[RendezvousError],
+    refuse_all: Callable[[str, Connection], Any],
+) -> None:
+    size = config.world_size
+    admission = _Admission(config, "rendezvous")
+
+    async def handle(connection: Connection) -> None:
+        if admission.pending >= MAX_PENDING_HANDSHAKES:
+            admission.reject("too many handshakes in progress")
+            await trio.aclose_forcefully(connection)
+            return
+        admission.pending += 1
+        try:
+            with trio.fail_after(HANDSHAKE_SECONDS):
+                peer = await _auth.accept(
+                    connection, config.credentials, role=_auth.Role.RENDEZVOUS, rank=0
                 )
-            elif transport != config.transport:
-                problem = (
-                    f"rank {rank} uses transport {transport!r} but rank 0 uses "
-                    f"{config.transport!r} (check TRIORING_TRANSPORT)"
+                _, body = await _read_message(connection, {HELLO})
+            rank = _field(body, "rank", int)
+            world_size = _field(body, "world_size", int)
+            transport = _field(body, "transport", str)
+            address = _field(body, "address", str)
+            if (rank, world_size) != (peer.rank, peer.world_size):
+                raise _BadMessage("hello disagrees with the handshake")
+        except (_BadMessage, _auth.HandshakeError, trio.TooSlowError) as exc:
+            # A stranger, or a client that gave up: not a rank of ours.
+            admission.reject(str(exc) or "handshake took too long")
+            await trio.aclose_forcefully(connection)
+            return
+        finally:
+            admission.pending -= 1
+        problem = None
+        if world_size != size:
+            problem = f"rank {rank} says WORLD_SIZE={world_size} but rank 0 says WORLD_SIZE={size}"
+        elif transport != config.transport:
+            problem = (
+                f"rank {rank} uses transport {transport!r} but rank 0 uses "
+                f"{config.transport!r} (check TRIORING_TRANSPORT)"
+            )
+        elif not 0 < rank < size:
+            problem = f"a process claims rank {rank}, outside 1..{size - 1}"
+        elif rank in hellos:
+            problem = f"two processes claim rank {rank} (check RANK)"
+        if problem is not None:
+            await refuse_all(problem, connection)
+            failure.append(
+                RendezvousError(
+                    f"rank 0: rendezvous failed: {problem}",
+                    rank=0,
+                    job_id=config.credentials.job_id or None,
                 )
-            elif not 0 < rank < size:
-                problem = f"a process claims rank {rank}, outside 1..{size - 1}"
-            elif rank in hellos:
-                problem = f"two processes claim rank {rank} (check RANK)"
-            if problem is not None:
-                await refuse_all(problem, connection)
-                failure.append(
-                    RendezvousError(
-                        f"rank 0: rendezvous failed: {problem}",
-                        rank=0,
-                        job_id=config.credentials.job_id or None,
-                    )
-                )
-                nursery.cancel_scope.cancel()
-                return
-            hellos[rank] = (connection, address)
-            if len(hellos) == size - 1:
-                nursery.cancel_scope.cancel()
+            )
+            nursery.cancel_scope.cancel()
+            return
+        hellos[rank] = (connection, address)
+        if len(hellos) == size - 1:
+            nursery.cancel_scope.cancel()
 
-        async def accept_all() -> None:
-            while True:
-                nursery.start_soon(handle, await listener.accept())
+    async def accept_all() -> None:
+        while True:
+            nursery.start_soon(handle, await listener.accept())
 
-        nursery.start_soon(accept_all)
+    nursery.start_soon(accept_all)
 
+
+async def _answer(
+    config: Config,
+    hellos: dict[int, tuple[Connection, str]],
+    failure: list[RendezvousError],
+    own_address: str,
+) -> tuple[str, list[str]]:
+    """Rank 0, once every rank said hello (or the world was refused): send the table."""
+    size = config.world_size
     try:
         if failure:
             raise failure[0]
@@ -333,6 +407,8 @@ async def _mesh(
             raise
         links[peer] = Link(rank, peer, connection, job_id=config.credentials.job_id)
 
+    admission = _Admission(config, "connection set-up")
+
     async def accept_higher() -> None:
         pending = set(range(rank + 1, size))
         if not pending:
@@ -340,6 +416,11 @@ async def _mesh(
         async with trio.open_nursery() as nursery:
 
             async def handle(connection: Connection) -> None:
+                if admission.pending >= MAX_PENDING_HANDSHAKES:
+                    admission.reject("too many handshakes in progress")
+                    await trio.aclose_forcefully(connection)
+                    return
+                admission.pending += 1
                 try:
                     with trio.fail_after(HANDSHAKE_SECONDS):
                         client = await _auth.accept(
@@ -361,9 +442,12 @@ async def _mesh(
                         await _send_message(
                             connection, MESH_ACK, {"session": session, "from": rank}
                         )
-                except (_BadMessage, _auth.HandshakeError, trio.TooSlowError):
+                except (_BadMessage, _auth.HandshakeError, trio.TooSlowError) as exc:
+                    admission.reject(str(exc) or "handshake took too long")
                     await trio.aclose_forcefully(connection)
                     return
+                finally:
+                    admission.pending -= 1
                 links[peer] = Link(rank, peer, connection, job_id=config.credentials.job_id)
                 # Stop accepting only once every higher rank's handshake has completed, not
                 # merely started: cancelling earlier would cut a handshake in half.
@@ -373,7 +457,21 @@ async def _mesh(
             while True:
                 nursery.start_soon(handle, await listener.accept())
 
-    await run_concurrently(accept_higher, *(_bind(connect_to, peer) for peer in range(rank)))
+    started = trio.current_time()
+    try:
+        await run_concurrently(accept_higher, *(_bind(connect_to, peer) for peer in range(rank)))
+    except BaseException as exc:
+        missing = sorted(set(range(size)) - links.keys() - {rank})
+        if missing and is_cancellation(exc):
+            logger.warning(
+                "rank %d: connection set-up interrupted after %.1f s; no connection yet with "
+                "ranks %s%s",
+                rank,
+                trio.current_time() - started,
+                ", ".join(map(str, missing)),
+                _job_suffix(config),
+            )
+        raise
 
 
 def _bind(function: Callable[[int], Any], argument: int) -> Callable[[], Any]:
@@ -426,9 +524,20 @@ async def connect_world(
             finally:
                 await rendezvous_listener.aclose()
         else:
-            connection = await _connect_retrying(
-                rendezvous, address, rank, config.credentials.job_id or None
-            )
+            started = trio.current_time()
+            try:
+                connection = await _connect_retrying(
+                    rendezvous, address, rank, config.credentials.job_id or None
+                )
+            except trio.Cancelled:
+                logger.warning(
+                    "rank %d: rendezvous interrupted after %.1f s; rank 0 never answered at %s%s",
+                    rank,
+                    trio.current_time() - started,
+                    address,
+                    _job_suffix(config),
+                )
+                raise
             try:
                 host = connection.local_host or base.host
                 transport = make_transport(
@@ -437,7 +546,18 @@ async def connect_world(
                     )
                 )
                 data_listener = await transport.listen()
-                session, addresses = await _join(config, connection, data_listener.address)
+                try:
+                    session, addresses = await _join(config, connection, data_listener.address)
+                except trio.Cancelled:
+                    logger.warning(
+                        "rank %d: rendezvous interrupted after %.1f s; rank 0 at %s was still "
+                        "waiting for other ranks to join%s",
+                        rank,
+                        trio.current_time() - started,
+                        address,
+                        _job_suffix(config),
+                    )
+                    raise
             finally:
                 await trio.aclose_forcefully(connection)
         await _mesh(config, transport, data_listener, session, addresses, links)

@@ -19,6 +19,10 @@ if TYPE_CHECKING:
 
 # Linux caps sendmsg at IOV_MAX (1024) buffers; we never pass more than a handful.
 _ACCEPT_RETRY_ERRNOS = {errno.ECONNABORTED, errno.EPROTO, errno.EPERM, errno.EINTR}
+# Out of file descriptors or memory: wait for some to be released instead of failing the
+# whole rendezvous (a flood of connections must not take the job down), as trio.serve_* do.
+_ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBUFS}
+_ACCEPT_CAPACITY_SLEEP = 0.1
 
 
 @final
@@ -111,6 +115,9 @@ class SocketListener(Listener):
                 if self._sock.fileno() == -1:
                     raise trio.ClosedResourceError("listener was closed") from None
                 if exc.errno in _ACCEPT_RETRY_ERRNOS:
+                    continue
+                if exc.errno in _ACCEPT_CAPACITY_ERRNOS:
+                    await trio.sleep(_ACCEPT_CAPACITY_SLEEP)
                     continue
                 raise
             if self._admit is not None and not self._admit(conn):
