@@ -11,6 +11,7 @@ import attrs
 
 from ._auth import Credentials
 from ._errors import ConfigurationError
+from ._launchers import detect
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -36,36 +37,59 @@ class Config:
         return self.transport == "unix" and self.socket_dir is not None
 
 
+def _first(
+    value: object | None,
+    argument: str,
+    variables: tuple[str, ...],
+    env: Mapping[str, str],
+    hint: tuple[str, str] | None,
+) -> tuple[object | None, str]:
+    """The first setting found: the argument, then each variable, then the launcher hint.
+    Returns the raw value and a description of where it came from."""
+    if value is not None:
+        return value, f"{argument}="
+    for variable in variables:
+        raw = env.get(variable, "").strip()
+        if raw:
+            return raw, f"{variable}="
+    if hint is not None:
+        label = hint[1]
+        return hint[0], f"{label}=" if label.isidentifier() else f"{label} = "
+    return None, ""
+
+
 def _int(
     value: int | None,
     argument: str,
-    variable: str,
+    variables: tuple[str, ...],
     env: Mapping[str, str],
     *,
+    hint: tuple[str, str] | None = None,
     minimum: int,
     maximum: int | None = None,
     required: bool = True,
 ) -> int | None:
-    if value is not None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
         # bool is an int subclass; rank=True is a bug, not rank 1.
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigurationError(f"{argument}= must be an int, got {value!r}")
-        source = f"{argument}={value}"
-        number = value
+        raise ConfigurationError(f"{argument}= must be an int, got {value!r}")
+    raw, origin = _first(value, argument, variables, env, hint)
+    if raw is None:
+        if not required:
+            return None
+        main = variables[-1]
+        raise ConfigurationError(
+            f"{main} is not set: pass {argument}= to open_communicator() or set the {main} "
+            f"environment variable (or {variables[0]}, or start the ranks with a launcher "
+            "that sets them: trioring run, torchrun, mpirun, srun)"
+        )
+    if isinstance(raw, int):
+        number, source = raw, f"{origin}{raw}"
     else:
-        raw = env.get(variable)
-        if raw is None or raw.strip() == "":
-            if not required:
-                return None
-            raise ConfigurationError(
-                f"{variable} is not set: pass {argument}= to open_communicator() or set the "
-                f"{variable} environment variable"
-            )
+        source = f"{origin}{raw}" if origin.endswith("=") else f"{origin}{raw!r}"
         try:
-            number = int(raw.strip())
+            number = int(str(raw))
         except ValueError:
-            raise ConfigurationError(f"{variable}={raw!r} is not an integer") from None
-        source = f"{variable}={raw}"
+            raise ConfigurationError(f"{origin}{raw!r} is not an integer") from None
     if number < minimum or (maximum is not None and number > maximum):
         bounds = f">= {minimum}" if maximum is None else f"between {minimum} and {maximum}"
         raise ConfigurationError(f"{source} is out of range: it must be {bounds}")
@@ -81,12 +105,27 @@ def resolve(
     transport: str | None,
     env: Mapping[str, str] | None = None,
 ) -> Config:
-    """Apply the documented precedence (explicit argument, then environment, then default)
-    and validate everything, raising :class:`ConfigurationError` naming the culprit."""
+    """Apply the documented precedence and validate everything before any I/O, raising
+    :class:`ConfigurationError` naming the culprit.
+
+    Precedence, first found wins: the explicit argument; ``TRIORING_RANK``,
+    ``TRIORING_WORLD_SIZE``, ``TRIORING_MASTER_ADDR``, ``TRIORING_MASTER_PORT``; ``RANK``,
+    ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``; the launcher's own variables (see
+    :mod:`trioring._launchers`). Under torchrun, whose agent holds ``MASTER_PORT``, the
+    port is ``MASTER_PORT + 1`` unless ``TRIORING_MASTER_PORT`` is set.
+    """
     if env is None:
         env = os.environ
-    size = _int(world_size, "world_size", "WORLD_SIZE", env, minimum=1)
-    me = _int(rank, "rank", "RANK", env, minimum=0)
+    hints = detect(env)
+    size = _int(
+        world_size,
+        "world_size",
+        ("TRIORING_WORLD_SIZE", "WORLD_SIZE"),
+        env,
+        hint=hints.world_size,
+        minimum=1,
+    )
+    me = _int(rank, "rank", ("TRIORING_RANK", "RANK"), env, hint=hints.rank, minimum=0)
     assert size is not None
     assert me is not None
     if me >= size:
@@ -95,16 +134,34 @@ def resolve(
             "(check RANK and WORLD_SIZE)"
         )
 
+    if master_addr is not None and (not isinstance(master_addr, str) or not master_addr.strip()):
+        raise ConfigurationError(f"master_addr= must be a non-empty string, got {master_addr!r}")
+    raw_addr, _ = _first(
+        master_addr, "master_addr", ("TRIORING_MASTER_ADDR", "MASTER_ADDR"), env, hints.master_addr
+    )
+    master_addr = None if raw_addr is None else str(raw_addr).strip()
+
+    socket_dir = env.get("TRIORING_SOCKET_DIR", "").strip() or None
     if transport is None:
         raw_transport = env.get("TRIORING_TRANSPORT", "").strip()
         transport = raw_transport or DEFAULT_TRANSPORT
         transport_source = f"TRIORING_TRANSPORT={raw_transport!r}" if raw_transport else "default"
+        if (
+            not raw_transport
+            and size > 1
+            and master_addr is None
+            and socket_dir is None
+            and hints.local_socket_dir is not None
+        ):
+            # An MPI launcher started every rank on this host and gave no address: Unix
+            # sockets in a directory every rank can name by itself need none.
+            transport, transport_source = "unix", f"{hints.launcher} (all ranks on this host)"
+            socket_dir = _ensure_private_dir(hints.local_socket_dir)
     elif not isinstance(transport, str) or not transport:
         raise ConfigurationError(f"transport= must be a transport name, got {transport!r}")
     else:
         transport_source = f"transport={transport!r}"
 
-    socket_dir = env.get("TRIORING_SOCKET_DIR", "").strip() or None
     if socket_dir is not None and transport == "unix" and not os.path.isdir(socket_dir):
         raise ConfigurationError(
             f"TRIORING_SOCKET_DIR={socket_dir!r} is not an existing directory; create it "
@@ -112,25 +169,29 @@ def resolve(
         )
 
     needs_address = size > 1 and not (transport == "unix" and socket_dir is not None)
-    if master_addr is None:
-        master_addr = env.get("MASTER_ADDR", "").strip() or None
-    elif not isinstance(master_addr, str) or not master_addr.strip():
-        raise ConfigurationError(f"master_addr= must be a non-empty string, got {master_addr!r}")
     if master_addr is None and needs_address:
         raise ConfigurationError(
             "MASTER_ADDR is not set: pass master_addr= to open_communicator() or set the "
             "MASTER_ADDR environment variable (or, for ranks on one host, set "
             "TRIORING_TRANSPORT=unix and TRIORING_SOCKET_DIR to a shared directory)"
         )
+    port_variables: tuple[str, ...] = ("TRIORING_MASTER_PORT", "MASTER_PORT")
+    port_hint = hints.master_port
+    if hints.launcher == "torchrun" and port_hint is not None:
+        # MASTER_PORT belongs to torchrun's agent: binding it would fail with EADDRINUSE.
+        port_variables = ("TRIORING_MASTER_PORT",)
     port = _int(
         master_port,
         "master_port",
-        "MASTER_PORT",
+        port_variables,
         env,
+        hint=port_hint,
         minimum=1,
         maximum=65535,
         required=needs_address,
     )
+    if port is None and needs_address:  # pragma: no cover - _int raised already
+        raise ConfigurationError("MASTER_PORT is not set")
     secret = _secret(env)
     if (
         not secret
@@ -157,6 +218,24 @@ def resolve(
         transport_source=transport_source,
         credentials=Credentials(secret, job_id(env)),
     )
+
+
+def _ensure_private_dir(path: str) -> str:
+    """Create ``path`` (mode 0700) if needed; refuse one that another user owns or others can
+    write to, since its sockets would then not be ours."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise ConfigurationError(f"cannot create the socket directory {path!r}: {exc}") from None
+    info = os.lstat(path)
+    if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+        raise ConfigurationError(
+            f"{path!r} is not a private directory of this user (mode 0700); remove it or set "
+            "TRIORING_SOCKET_DIR"
+        )
+    return path
 
 
 def _is_loopback(host: str) -> bool:
