@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import signal
 import stat
 import subprocess
@@ -427,3 +428,64 @@ def test_info_table() -> None:
     assert lines[0].split() == ["component", "version"]
     assert any(line.split()[:2] == ["python", platform.python_version()] for line in lines)
     assert any(line.split()[:3] == ["transport", "unix", "yes"] for line in lines)
+
+
+TAGGED_SCRIPT = """
+import os, sys
+rank = os.environ["RANK"]
+for i in range(200):
+    # Long lines, written in pieces, so that unsynchronised forwarding would split them.
+    sys.stdout.write(f"line {i} from {rank} ")
+    sys.stdout.flush()
+    sys.stdout.write("x" * 3000 + "\\n")
+    sys.stdout.flush()
+sys.stdout.write(f"unterminated {rank}")
+sys.stderr.write(f"error line from {rank}\\n")
+"""
+
+
+def test_tag_output_prefixes_whole_lines(tmp_path: Path) -> None:
+    script = tmp_path / "tagged.py"
+    script.write_text(TAGGED_SCRIPT)
+    result = subprocess.run(
+        [sys.executable, "-m", "trioring", "run", "-n", "3", "--tag-output", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 3 * 201
+    pattern = re.compile(r"\[(\d)\] (?:line \d+ from (\d) x{3000}|unterminated (\d))")
+    for line in lines:
+        match = pattern.fullmatch(line)
+        assert match, line[:80]
+        assert match.group(1) in (match.group(2), match.group(3))
+    for rank in range(3):
+        ranks_lines = [line for line in lines if line.startswith(f"[{rank}] line")]
+        assert [int(line.split()[2]) for line in ranks_lines] == list(range(200))
+    assert sorted(result.stderr.splitlines()) == [f"[{r}] error line from {r}" for r in range(3)]
+
+
+def test_no_tag_output_passes_output_through(tmp_path: Path) -> None:
+    script = tmp_path / "tagged.py"
+    script.write_text(TAGGED_SCRIPT)
+    result = subprocess.run(
+        [sys.executable, "-m", "trioring", "run", "-n", "2", "--no-tag-output", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert not any(line.startswith("[") for line in result.stdout.splitlines())
+    # Not a terminal, so the default is untagged too.
+    default = subprocess.run(
+        [sys.executable, "-m", "trioring", "run", "-n", "2", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert not any(line.startswith("[") for line in default.stdout.splitlines())

@@ -76,6 +76,21 @@ def _build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help=f"time between SIGTERM and SIGKILL when stopping ranks (default {DEFAULT_GRACE:g})",
     )
+    tagging = run_parser.add_mutually_exclusive_group()
+    tagging.add_argument(
+        "--tag-output",
+        dest="tag_output",
+        action="store_true",
+        default=None,
+        help="prefix each line of output with [rank] (default: when N > 1 and stdout is a "
+        "terminal)",
+    )
+    tagging.add_argument(
+        "--no-tag-output",
+        dest="tag_output",
+        action="store_false",
+        help="never prefix output; ranks write to the launcher's stdout/stderr directly",
+    )
     run_parser.add_argument(
         "-m",
         dest="module",
@@ -115,6 +130,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         nprocs=args.nprocs,
         transport=args.transport,
         grace=args.grace,
+        tag_output=args.tag_output,
     )
     try:
         return run(spec)

@@ -4,8 +4,10 @@ Contract of :func:`launch`:
 
 * Every rank is ``spec.command`` run with the launcher's environment plus ``RANK``,
   ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` and the rendezvous variables of
-  ``spec.transport`` (see :func:`rendezvous_environment`). Ranks inherit stdin, stdout and
-  stderr unchanged.
+  ``spec.transport`` (see :func:`rendezvous_environment`). Ranks inherit stdin. Their stdout
+  and stderr are inherited unchanged, unless output is tagged (``spec.tag_output``; by
+  default when there are several ranks and stdout is a terminal): then every line is
+  forwarded whole, prefixed with ``[rank] ``, to the launcher's stdout or stderr.
 * If every rank exits with status 0, :func:`launch` returns 0.
 * The first rank to exit non-zero or by a signal is *the first failure*. Every rank still
   running then gets ``SIGTERM``; whichever are still running ``spec.grace`` seconds later get
@@ -34,6 +36,7 @@ import secrets
 import shutil
 import signal
 import socket
+import subprocess
 import sys
 import tempfile
 from typing import TYPE_CHECKING, Literal, TextIO, final
@@ -100,6 +103,14 @@ class LaunchSpec:
     nprocs: int = attrs.field(validator=_positive)
     transport: Transport = attrs.field(default="unix", validator=attrs.validators.in_(TRANSPORTS))
     grace: float = attrs.field(default=DEFAULT_GRACE, converter=float, validator=_grace_ok)
+    #: Prefix every line a rank prints with ``[rank] ``; None: only when there are several
+    #: ranks and the launcher's stdout is a terminal.
+    tag_output: bool | None = None
+
+    def tagging(self) -> bool:
+        if self.tag_output is not None:
+            return self.tag_output
+        return self.nprocs > 1 and sys.stdout.isatty()
 
     @classmethod
     def for_python(
@@ -111,10 +122,17 @@ class LaunchSpec:
         nprocs: int,
         transport: Transport = "unix",
         grace: float = DEFAULT_GRACE,
+        tag_output: bool | None = None,
     ) -> LaunchSpec:
         """Run ``python target args`` (or ``python -m target args``) with this interpreter."""
         head = [sys.executable, "-m", target] if module else [sys.executable, target]
-        return cls(command=[*head, *args], nprocs=nprocs, transport=transport, grace=grace)
+        return cls(
+            command=[*head, *args],
+            nprocs=nprocs,
+            transport=transport,
+            grace=grace,
+            tag_output=tag_output,
+        )
 
 
 def exit_status(returncode: int) -> int:
@@ -305,6 +323,30 @@ async def _kill_and_reap(processes: Sequence[trio.Process]) -> None:
             await process.wait()
 
 
+# After the last rank exits, how long its output may still take to drain (a grandchild that
+# inherited the pipe could hold it open forever).
+_OUTPUT_DRAIN_S = 2.0
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
+async def _forward_lines(stream: trio.abc.ReceiveStream, fd: int, prefix: bytes) -> None:
+    """Copy ``stream`` to ``fd`` one whole line at a time, each with ``prefix``. Lines of
+    different ranks never interleave mid-line: each goes out in one synchronous write loop,
+    which no other task can interrupt. A last line without a newline gets one."""
+    pending = b""
+    async for chunk in stream:
+        *lines, pending = (pending + chunk).split(b"\n")
+        if lines:
+            _write_all(fd, b"".join(prefix + line + b"\n" for line in lines))
+    if pending:
+        _write_all(fd, prefix + pending + b"\n")
+
+
 async def launch(spec: LaunchSpec) -> int:
     """Run ``spec.nprocs`` ranks of ``spec.command`` until they finish; return the job's status.
 
@@ -319,11 +361,30 @@ async def launch(spec: LaunchSpec) -> int:
         rendezvous_environment(spec.transport) as rendezvous,
     ):
         processes: list[trio.Process] = []
+        tag = spec.tagging()
+        pipe = subprocess.PIPE if tag else None
         try:
-            for rank in range(spec.nprocs):
-                env = rank_environment(os.environ, rendezvous, rank=rank, world_size=spec.nprocs)
-                processes.append(await trio.lowlevel.open_process(spec.command, env=env))
-            status = await _Supervisor(processes, spec.grace, sys.stderr).run(signals)
+            async with trio.open_nursery() as forwarding:
+                for rank in range(spec.nprocs):
+                    env = rank_environment(
+                        os.environ, rendezvous, rank=rank, world_size=spec.nprocs
+                    )
+                    process = await trio.lowlevel.open_process(
+                        spec.command, env=env, stdout=pipe, stderr=pipe
+                    )
+                    processes.append(process)
+                    if tag:
+                        assert process.stdout is not None
+                        assert process.stderr is not None
+                        prefix = f"[{rank}] ".encode()
+                        forwarding.start_soon(
+                            _forward_lines, process.stdout, sys.stdout.fileno(), prefix
+                        )
+                        forwarding.start_soon(
+                            _forward_lines, process.stderr, sys.stderr.fileno(), prefix
+                        )
+                status = await _Supervisor(processes, spec.grace, sys.stderr).run(signals)
+                forwarding.cancel_scope.deadline = trio.current_time() + _OUTPUT_DRAIN_S
         finally:
             await _kill_and_reap(processes)
     return status
