@@ -28,6 +28,8 @@ class Config:
     master_addr: str | None
     master_port: int | None
     socket_dir: str | None
+    #: The socket directory was derived (not given): remove it once it is empty.
+    socket_dir_derived: bool = False
     #: Where the transport name came from, for error messages ("TRIORING_TRANSPORT='x'").
     transport_source: str = "default"
     credentials: Credentials = attrs.field(factory=lambda: Credentials(b"", ""))
@@ -142,6 +144,7 @@ def resolve(
     master_addr = None if raw_addr is None else str(raw_addr).strip()
 
     socket_dir = env.get("TRIORING_SOCKET_DIR", "").strip() or None
+    socket_dir_derived = False
     if transport is None:
         raw_transport = env.get("TRIORING_TRANSPORT", "").strip()
         transport = raw_transport or DEFAULT_TRANSPORT
@@ -157,6 +160,7 @@ def resolve(
             # sockets in a directory every rank can name by itself need none.
             transport, transport_source = "unix", f"{hints.launcher} (all ranks on this host)"
             socket_dir = _ensure_private_dir(hints.local_socket_dir)
+            socket_dir_derived = True
     elif not isinstance(transport, str) or not transport:
         raise ConfigurationError(f"transport= must be a transport name, got {transport!r}")
     else:
@@ -215,6 +219,7 @@ def resolve(
         master_addr=master_addr,
         master_port=port,
         socket_dir=socket_dir if transport == "unix" else None,
+        socket_dir_derived=socket_dir_derived,
         transport_source=transport_source,
         credentials=Credentials(secret, job_id(env)),
     )

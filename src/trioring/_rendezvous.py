@@ -19,6 +19,7 @@ bounded size; nothing is unpickled or evaluated.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -572,3 +573,8 @@ async def connect_world(
         if data_listener is not None:
             await trio.aclose_forcefully(data_listener)
         rendezvous.close()
+        if config.socket_dir_derived and config.socket_dir is not None:
+            # Every listener of the job is closed once the mesh is up, so the directory we
+            # made is empty then; whichever rank gets here last removes it.
+            with contextlib.suppress(OSError):
+                os.rmdir(config.socket_dir)

@@ -1,0 +1,252 @@
+"""trioring under the launchers people already use, and across (namespaced) hosts.
+
+* torchrun: torch's CPU wheel comes from the ``interop`` dependency group (installed by
+  ``make test``). Its agent holds ``MASTER_PORT``; trioring uses ``MASTER_PORT + 1``.
+* Open MPI mpirun: Debian's ``openmpi-bin`` (installed by ``make test`` when running as root,
+  as CI does); all ranks on one host, so Unix sockets and no address at all.
+* Three network namespaces joined by a bridge, one rank in each with its own non-loopback
+  address, talking TCP with a shared secret. Needs root (CI has it); if the namespaces cannot
+  be created the test fails with the reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+WORKER = Path(__file__).parent / "workers" / "interop_worker.py"
+TIMEOUT = 90
+
+
+def clean_env(**extra: str) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("TRIORING_", "MASTER_", "OMPI_", "PMI", "SLURM_", "TORCHELASTIC"))
+        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
+    }
+    env.update(extra)
+    return env
+
+
+def free_port_pair() -> int:
+    """A port p such that p and p + 1 were both free a moment ago (torchrun takes p)."""
+    for _ in range(50):
+        with socket.socket() as first:
+            first.bind(("127.0.0.1", 0))
+            port = first.getsockname()[1]
+            if port >= 65535:
+                continue
+            with socket.socket() as second:
+                try:
+                    second.bind(("127.0.0.1", port + 1))
+                except OSError:
+                    continue
+                return int(port)
+    raise AssertionError("no two adjacent free ports")
+
+
+def reports(stdout: str) -> list[dict[str, Any]]:
+    # Launchers do not keep the ranks' lines apart (torchrun may glue them together), but each
+    # report is one flat JSON object.
+    found = [json.loads(text) for text in re.findall(r'\{"rank"[^{}]*\}', stdout)]
+    return sorted(found, key=lambda report: report["rank"])
+
+
+def check_world(found: list[dict[str, Any]], size: int, transport: str) -> None:
+    assert [report["rank"] for report in found] == list(range(size)), found
+    for report in found:
+        assert report["world_size"] == size
+        assert report["transport"] == transport
+        assert report["allreduce_ok"], report
+        assert report["broadcast_ok"], report
+
+
+def test_under_torchrun(tmp_path: Path) -> None:
+    torchrun = Path(sys.executable).with_name("torchrun")
+    assert torchrun.exists(), (
+        "torchrun is missing: install the interop dependency group (make test does it)"
+    )
+    port = free_port_pair()
+    result = subprocess.run(
+        [
+            str(torchrun),
+            "--nnodes=1",
+            "--nproc-per-node=3",
+            "--master-addr=127.0.0.1",
+            f"--master-port={port}",
+            str(WORKER),
+        ],
+        env=clean_env(OMP_NUM_THREADS="1"),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    check_world(reports(result.stdout), 3, "tcp")
+
+
+def test_under_open_mpi(tmp_path: Path) -> None:
+    mpirun = shutil.which("mpirun")
+    assert mpirun is not None, (
+        "mpirun is missing: install Debian's openmpi-bin (make test does as root)"
+    )
+    result = subprocess.run(
+        [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "3", sys.executable, str(WORKER)],
+        env=clean_env(),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    # All ranks on one host and no address given: Unix sockets, no TCP port at all.
+    check_world(reports(result.stdout), 3, "unix")
+
+
+def test_under_open_mpi_over_tcp(tmp_path: Path) -> None:
+    mpirun = shutil.which("mpirun")
+    assert mpirun is not None, "mpirun is missing: install Debian's openmpi-bin"
+    port = free_port_pair()
+    result = subprocess.run(
+        [
+            mpirun,
+            "--allow-run-as-root",
+            "--oversubscribe",
+            "-np",
+            "3",
+            "-x",
+            "MASTER_ADDR=127.0.0.1",
+            "-x",
+            f"MASTER_PORT={port}",
+            sys.executable,
+            str(WORKER),
+        ],
+        env=clean_env(),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    check_world(reports(result.stdout), 3, "tcp")
+
+
+# -- several hosts, for real: network namespaces --------------------------------------------
+
+SUBNET = "10.213.77"
+
+
+def sh(*argv: str) -> None:
+    result = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv)}: {result.stderr.strip()}")
+
+
+@pytest.fixture
+def namespaces() -> Iterator[list[str]]:
+    """Three namespaces on one bridge, with addresses SUBNET.1 .. SUBNET.3."""
+    tag = f"{os.getpid() % 100000}"
+    names = [f"trr{tag}{i}" for i in range(3)]
+    bridge = f"trrbr{tag}"
+    created: list[tuple[str, str]] = []
+    try:
+        if shutil.which("ip") is None:
+            raise RuntimeError("iproute2's 'ip' command is missing")
+        sh("ip", "link", "add", bridge, "type", "bridge")
+        created.append(("link", bridge))
+        sh("ip", "link", "set", bridge, "up")
+        for index, name in enumerate(names):
+            sh("ip", "netns", "add", name)
+            created.append(("netns", name))
+            outside, inside = f"trv{tag}{index}", f"trp{tag}{index}"
+            sh("ip", "link", "add", outside, "type", "veth", "peer", "name", inside)
+            created.append(("link", outside))
+            sh("ip", "link", "set", inside, "netns", name)
+            sh("ip", "link", "set", outside, "master", bridge, "up")
+            sh("ip", "-n", name, "addr", "add", f"{SUBNET}.{index + 1}/24", "dev", inside)
+            sh("ip", "-n", name, "link", "set", inside, "up")
+            sh("ip", "-n", name, "link", "set", "lo", "up")
+    except (RuntimeError, OSError) as exc:
+        teardown(created)
+        pytest.fail(f"cannot create network namespaces (needs root and iproute2): {exc}")
+    try:
+        yield names
+    finally:
+        teardown(created)
+
+
+def teardown(created: list[tuple[str, str]]) -> None:
+    for kind, name in reversed(created):
+        if kind == "netns":
+            subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
+        else:
+            subprocess.run(["ip", "link", "del", name], capture_output=True, check=False)
+
+
+def run_in_namespaces(
+    names: list[str], env: dict[str, str]
+) -> list[subprocess.CompletedProcess[str]]:
+    processes = [
+        subprocess.Popen(
+            ["ip", "netns", "exec", name, sys.executable, str(WORKER)],
+            env=clean_env(RANK=str(rank), WORLD_SIZE=str(len(names)), **env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank, name in enumerate(names)
+    ]
+    results = []
+    try:
+        for process in processes:
+            stdout, stderr = process.communicate(timeout=TIMEOUT)
+            results.append(
+                subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+            )
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    return results
+
+
+def test_three_hosts_over_tcp_with_a_secret(namespaces: list[str]) -> None:
+    env = {
+        "MASTER_ADDR": f"{SUBNET}.1",
+        "MASTER_PORT": "29777",
+        "TRIORING_SECRET": secrets.token_hex(32),
+        "TRIORING_JOB_ID": "netns-test",
+        "WORKER_DEADLINE_S": "40",
+    }
+    results = run_in_namespaces(namespaces, env)
+    for result in results:
+        assert result.returncode == 0, result.stdout + result.stderr
+    check_world(reports("".join(r.stdout for r in results)), 3, "tcp")
+
+
+def test_three_hosts_refuse_to_run_without_a_secret(namespaces: list[str]) -> None:
+    env = {"MASTER_ADDR": f"{SUBNET}.1", "MASTER_PORT": "29778", "WORKER_DEADLINE_S": "20"}
+    results = run_in_namespaces(namespaces, env)
+    for result in results:
+        assert result.returncode != 0
+        assert "ConfigurationError" in result.stderr
+        assert "TRIORING_SECRET" in result.stderr
