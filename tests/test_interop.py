@@ -176,7 +176,7 @@ def namespaces() -> Iterator[list[str]]:
         for index, name in enumerate(names):
             sh("ip", "netns", "add", name)
             created.append(("netns", name))
-            outside, inside = f"trv{tag}{index}", f"trp{tag}{index}"
+            outside, inside = f"trv{tag}{index}", interface_name(name, index)
             sh("ip", "link", "add", outside, "type", "veth", "peer", "name", inside)
             created.append(("link", outside))
             sh("ip", "link", "set", inside, "netns", name)
@@ -193,6 +193,11 @@ def namespaces() -> Iterator[list[str]]:
         teardown(created)
 
 
+def interface_name(namespace: str, index: int) -> str:
+    # Unique on the host (the peer end is created outside the namespace, then moved in).
+    return f"trp{namespace[3:-1]}{index}"
+
+
 def teardown(created: list[tuple[str, str]]) -> None:
     for kind, name in reversed(created):
         if kind == "netns":
@@ -202,12 +207,16 @@ def teardown(created: list[tuple[str, str]]) -> None:
 
 
 def run_in_namespaces(
-    names: list[str], env: dict[str, str]
+    names: list[str], env: dict[str, str], *, ifname: bool = False
 ) -> list[subprocess.CompletedProcess[str]]:
+    def rank_env(rank: int) -> dict[str, str]:
+        extra = {"TRIORING_IFNAME": interface_name(names[rank], rank)} if ifname else {}
+        return clean_env(RANK=str(rank), WORLD_SIZE=str(len(names)), **env, **extra)
+
     processes = [
         subprocess.Popen(
             ["ip", "netns", "exec", name, sys.executable, str(WORKER)],
-            env=clean_env(RANK=str(rank), WORLD_SIZE=str(len(names)), **env),
+            env=rank_env(rank),
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -229,7 +238,8 @@ def run_in_namespaces(
     return results
 
 
-def test_three_hosts_over_tcp_with_a_secret(namespaces: list[str]) -> None:
+@pytest.mark.parametrize("ifname", [False, True], ids=["route-to-master", "TRIORING_IFNAME"])
+def test_three_hosts_over_tcp_with_a_secret(namespaces: list[str], ifname: bool) -> None:
     env = {
         "MASTER_ADDR": f"{SUBNET}.1",
         "MASTER_PORT": "29777",
@@ -237,7 +247,7 @@ def test_three_hosts_over_tcp_with_a_secret(namespaces: list[str]) -> None:
         "TRIORING_JOB_ID": "netns-test",
         "WORKER_DEADLINE_S": "40",
     }
-    results = run_in_namespaces(namespaces, env)
+    results = run_in_namespaces(namespaces, env, ifname=ifname)
     for result in results:
         assert result.returncode == 0, result.stdout + result.stderr
     check_world(reports("".join(r.stdout for r in results)), 3, "tcp")

@@ -170,3 +170,10 @@ def test_private_socket_dir_of_another_mode_is_refused(
     os.chmod(c.socket_dir, 0o755)
     with pytest.raises(trioring.ConfigurationError, match="not a private directory"):
         config(MPICH)
+
+
+def test_ifname_selects_the_listening_address() -> None:
+    env = {"RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "2000"}
+    assert config({**env, "TRIORING_IFNAME": "lo"}).interface_address == "127.0.0.1"
+    with pytest.raises(trioring.ConfigurationError, match="TRIORING_IFNAME='nope0' is not"):
+        config({**env, "TRIORING_IFNAME": "nope0"})

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import stat
+import struct
 from typing import TYPE_CHECKING, final
 
 import attrs
@@ -28,6 +29,8 @@ class Config:
     master_addr: str | None
     master_port: int | None
     socket_dir: str | None
+    #: The IPv4 address of the interface TRIORING_IFNAME names, where data listeners bind.
+    interface_address: str | None = None
     #: The socket directory was derived (not given): remove it once it is empty.
     socket_dir_derived: bool = False
     #: Where the transport name came from, for error messages ("TRIORING_TRANSPORT='x'").
@@ -212,6 +215,8 @@ def resolve(
             "print(secrets.token_hex(32))'`) or TRIORING_SECRET_FILE (a file of mode 0600); "
             "or set TRIORING_ALLOW_INSECURE=1 on a network you trust"
         )
+    ifname = env.get("TRIORING_IFNAME", "").strip()
+    interface_address = _interface_address(ifname) if ifname else None
     return Config(
         rank=me,
         world_size=size,
@@ -220,9 +225,31 @@ def resolve(
         master_port=port,
         socket_dir=socket_dir if transport == "unix" else None,
         socket_dir_derived=socket_dir_derived,
+        interface_address=interface_address,
         transport_source=transport_source,
         credentials=Credentials(secret, job_id(env)),
     )
+
+
+def _interface_address(name: str) -> str:
+    """The IPv4 address of network interface ``name`` (Linux), for TRIORING_IFNAME."""
+    import fcntl
+    import socket
+
+    siocgifaddr = 0x8915
+    known = [interface for _, interface in socket.if_nameindex()]
+    if name not in known:
+        raise ConfigurationError(
+            f"TRIORING_IFNAME={name!r} is not a network interface here; known: {', '.join(known)}"
+        )
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            packed = fcntl.ioctl(
+                probe.fileno(), siocgifaddr, struct.pack("256s", name.encode()[:15])
+            )
+        except OSError:
+            raise ConfigurationError(f"TRIORING_IFNAME={name!r} has no IPv4 address") from None
+    return socket.inet_ntoa(packed[20:24])
 
 
 def _ensure_private_dir(path: str) -> str:

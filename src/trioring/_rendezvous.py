@@ -540,7 +540,9 @@ async def connect_world(
                 )
                 raise
             try:
-                host = connection.local_host or base.host
+                # Listen where the others can reach us: the interface TRIORING_IFNAME names,
+                # else the one this connection to rank 0 went out of.
+                host = config.interface_address or connection.local_host or base.host
                 transport = make_transport(
                     TransportContext(
                         rank=rank, world_size=size, host=host, socket_dir=config.socket_dir
