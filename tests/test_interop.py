@@ -260,3 +260,24 @@ def test_three_hosts_refuse_to_run_without_a_secret(namespaces: list[str]) -> No
         assert result.returncode != 0
         assert "ConfigurationError" in result.stderr
         assert "TRIORING_SECRET" in result.stderr
+
+
+@pytest.mark.parametrize("transport", ["unix", "tcp"])
+def test_under_trioring_run(tmp_path: Path, transport: str) -> None:
+    """Our own launcher end to end with real collectives. With tcp, rank 0 inherits the
+    launcher's listening socket (TRIORING_LISTEN_FD): if it tried to bind MASTER_PORT itself,
+    it would fail, since the launcher holds that port."""
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "trioring", "run", "-n", "3"),
+            *("--transport", transport, "--no-tag-output", str(WORKER)),
+        ],
+        env=clean_env(),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    check_world(reports(result.stdout), 3, transport)

@@ -29,6 +29,9 @@ class Config:
     master_addr: str | None
     master_port: int | None
     socket_dir: str | None
+    #: A listening TCP socket inherited from the launcher for rank 0's rendezvous
+    #: (TRIORING_LISTEN_FD): no find-a-free-port-then-bind race between jobs.
+    listen_fd: int | None = None
     #: The IPv4 address of the interface TRIORING_IFNAME names, where data listeners bind.
     interface_address: str | None = None
     #: The socket directory was derived (not given): remove it once it is empty.
@@ -215,6 +218,7 @@ def resolve(
             "print(secrets.token_hex(32))'`) or TRIORING_SECRET_FILE (a file of mode 0600); "
             "or set TRIORING_ALLOW_INSECURE=1 on a network you trust"
         )
+    listen_fd = _listen_fd(env) if me == 0 and needs_address and transport != "memory" else None
     ifname = env.get("TRIORING_IFNAME", "").strip()
     interface_address = _interface_address(ifname) if ifname else None
     return Config(
@@ -226,9 +230,26 @@ def resolve(
         socket_dir=socket_dir if transport == "unix" else None,
         socket_dir_derived=socket_dir_derived,
         interface_address=interface_address,
+        listen_fd=listen_fd,
         transport_source=transport_source,
         credentials=Credentials(secret, job_id(env)),
     )
+
+
+def _listen_fd(env: Mapping[str, str]) -> int | None:
+    raw = env.get("TRIORING_LISTEN_FD", "").strip()
+    if not raw:
+        return None
+    try:
+        fd = int(raw)
+        is_socket = stat.S_ISSOCK(os.fstat(fd).st_mode)
+    except (ValueError, OSError):
+        is_socket = False
+    if not is_socket:
+        raise ConfigurationError(
+            f"TRIORING_LISTEN_FD={raw!r} is not an open socket inherited from the launcher"
+        )
+    return fd
 
 
 def _interface_address(name: str) -> str:

@@ -67,6 +67,7 @@ _RENDEZVOUS_VARIABLES = (
     "TRIORING_SECRET",
     "TRIORING_SECRET_FILE",
     "TRIORING_JOB_ID",
+    "TRIORING_LISTEN_FD",
 )
 
 
@@ -156,15 +157,19 @@ def _describe_exit(returncode: int) -> str:
     return f"exited with code {returncode}"
 
 
-def _free_tcp_port(host: str) -> int:
-    # Race, accepted on purpose: the port is free when we close this socket, but another
-    # process may take it before rank 0 binds it. The window is the launcher's start-up time;
-    # if it is lost, rank 0 fails with EADDRINUSE and the job fails loudly rather than wrongly.
-    # Keeping the socket open would not help: rank 0 is another process and must bind itself.
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+def _listening_socket(host: str) -> socket.socket:
+    # The launcher binds and listens itself and hands the socket to rank 0
+    # (TRIORING_LISTEN_FD), so there is no window between finding a free port and binding it
+    # in which another job could take it.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
         sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
+        sock.listen(512)
+        sock.set_inheritable(True)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
 
 
 @contextlib.contextmanager
@@ -174,8 +179,9 @@ def rendezvous_environment(transport: Transport) -> Iterator[dict[str, str]]:
     Always a fresh ``TRIORING_JOB_ID`` and ``TRIORING_SECRET``. For ``unix``:
     ``TRIORING_SOCKET_DIR`` names a new private directory (mode 0700, made by
     :func:`tempfile.mkdtemp`), removed with everything in it when the context exits, whether
-    normally, by exception or by cancellation. For ``tcp``: ``MASTER_ADDR=127.0.0.1`` and a
-    ``MASTER_PORT`` that was free a moment ago.
+    normally, by exception or by cancellation. For ``tcp``: ``MASTER_ADDR=127.0.0.1``, the
+    ``MASTER_PORT`` of a socket the launcher is already listening on, and that socket's
+    descriptor as ``TRIORING_LISTEN_FD`` (passed to rank 0 only).
     """
     # Every job gets its own id and secret, so that two jobs on one host can never join each
     # other, and no other process can join this one without reading our environment.
@@ -185,12 +191,14 @@ def rendezvous_environment(transport: Transport) -> Iterator[dict[str, str]]:
     }
     if transport == "tcp":
         host = "127.0.0.1"
-        yield {
-            **job,
-            "TRIORING_TRANSPORT": "tcp",
-            "MASTER_ADDR": host,
-            "MASTER_PORT": str(_free_tcp_port(host)),
-        }
+        with _listening_socket(host) as sock:
+            yield {
+                **job,
+                "TRIORING_TRANSPORT": "tcp",
+                "MASTER_ADDR": host,
+                "MASTER_PORT": str(sock.getsockname()[1]),
+                "TRIORING_LISTEN_FD": str(sock.fileno()),
+            }
         return
     # A short prefix in the default temp dir: socket paths must fit in sun_path (108 bytes).
     # "-run-" tells our directories from the ones UnixTransport makes for itself.
@@ -208,6 +216,9 @@ def rank_environment(
     ``rendezvous`` and the rank variables (single machine, so local equals global)."""
     env = {k: v for k, v in base.items() if k not in _RENDEZVOUS_VARIABLES}
     env.update(rendezvous)
+    if rank != 0:
+        # Only rank 0 listens for the rendezvous, so only it inherits the listening socket.
+        env.pop("TRIORING_LISTEN_FD", None)
     env["RANK"] = env["LOCAL_RANK"] = str(rank)
     env["WORLD_SIZE"] = env["LOCAL_WORLD_SIZE"] = str(world_size)
     return env
@@ -369,8 +380,13 @@ async def launch(spec: LaunchSpec) -> int:
                     env = rank_environment(
                         os.environ, rendezvous, rank=rank, world_size=spec.nprocs
                     )
+                    inherited = env.get("TRIORING_LISTEN_FD")
                     process = await trio.lowlevel.open_process(
-                        spec.command, env=env, stdout=pipe, stderr=pipe
+                        spec.command,
+                        env=env,
+                        stdout=pipe,
+                        stderr=pipe,
+                        pass_fds=(int(inherited),) if inherited else (),
                     )
                     processes.append(process)
                     if tag:

@@ -35,7 +35,8 @@ from ._concurrency import is_cancellation, run_concurrently
 from ._errors import RendezvousError
 from ._framing import Link
 from .transports import Connection, Listener, Transport, TransportContext
-from .transports._tcp import format_host_port
+from .transports._socket import SocketListener
+from .transports._tcp import format_host_port, parse_host_port
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -140,6 +141,25 @@ async def _connect_retrying(
         except OSError:
             await trio.sleep(delay)
             delay = min(delay * 2, _RETRY_MAX_DELAY)
+
+
+def _inherited_listener(fd: int, address: str) -> Listener:
+    """The launcher's listening socket (it bound the port, so no other job can take it between
+    choosing and binding). We use a duplicate, so that the inherited descriptor stays open for
+    the process's next communicator, as socket activation does."""
+    sock = trio.socket.from_stdlib_socket(_stdlib_socket.socket(fileno=os.dup(fd)))
+    try:
+        host, port = sock.getsockname()[:2]
+        _, expected_port = parse_host_port(address)
+        if port != expected_port:
+            raise OSError(
+                f"the inherited socket (TRIORING_LISTEN_FD) listens on port {port}, not "
+                f"{expected_port}"
+            )
+    except BaseException:
+        sock.close()
+        raise
+    return SocketListener(sock, format_host_port(host, port))
 
 
 def rendezvous_address(config: Config) -> str:
@@ -508,7 +528,10 @@ async def connect_world(
     try:
         if rank == 0:
             try:
-                rendezvous_listener = await rendezvous.listen(address)
+                if config.listen_fd is not None and not config.rendezvous_over_socket_dir:
+                    rendezvous_listener = _inherited_listener(config.listen_fd, address)
+                else:
+                    rendezvous_listener = await rendezvous.listen(address)
             except OSError as exc:
                 raise RendezvousError(
                     f"rank 0: cannot listen for the rendezvous at {address}: {exc}",
