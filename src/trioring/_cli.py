@@ -1,4 +1,4 @@
-"""The ``trioring`` command line: ``trioring run`` and ``trioring info``.
+"""The ``trioring`` command line: ``trioring run``, ``trioring bench`` and ``trioring info``.
 
 :func:`main` returns the process exit status instead of calling :func:`sys.exit`, so that the
 console script (``trioring``) and ``python -m trioring`` share it and tests can call it.
@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import os
 import platform
 import sys
 from typing import TYPE_CHECKING, Any
@@ -107,6 +108,35 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     run_parser.set_defaults(handler=functools.partial(_run, run_parser))
 
+    bench_parser = commands.add_parser(
+        "bench",
+        help="benchmark allreduce / broadcast / barrier on this machine (nccl-tests style)",
+        description=(
+            "Start N ranks on this machine and time the collectives over a range of sizes: "
+            "median, p10 and p90 of the slowest rank per iteration, algorithm and bus "
+            "bandwidth; every result is checked. Exits non-zero if any result was wrong."
+        ),
+    )
+    bench_parser.add_argument("-n", "--nprocs", type=_nprocs, default=2, metavar="N")
+    bench_parser.add_argument("--transport", choices=TRANSPORTS, default="unix")
+    bench_parser.add_argument(
+        "--sizes",
+        default="4:64M",
+        help="LOW:HIGH in powers of 4 (default 4:64M), or a list like 4,4K,4M",
+    )
+    bench_parser.add_argument(
+        "--collective",
+        action="append",
+        choices=("allreduce", "broadcast", "barrier"),
+        help="collective to time (repeatable; default all three)",
+    )
+    bench_parser.add_argument("--op", default="sum", choices=("sum", "mean", "min", "max", "prod"))
+    bench_parser.add_argument("--dtype", default="float32")
+    bench_parser.add_argument(
+        "--json", metavar="FILE", help="also write the results as JSON to FILE ('-': stdout only)"
+    )
+    bench_parser.set_defaults(handler=_bench)
+
     info_parser = commands.add_parser(
         "info", help="show versions and the capability registry (which transports can run here)"
     )
@@ -138,6 +168,34 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         # Starting a rank failed (e.g. fds exhausted); every rank already started was killed.
         print(f"trioring run: cannot start ranks: {exc}", file=sys.stderr)
         return 1
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from trioring._bench import parse_sizes
+
+    try:
+        sizes = parse_sizes(args.sizes)
+    except ValueError as exc:
+        print(f"trioring bench: {exc}", file=sys.stderr)
+        return 2
+    config = {
+        "sizes": sizes,
+        "collectives": args.collective or ["allreduce", "broadcast", "barrier"],
+        "op": args.op,
+        "dtype": args.dtype,
+        "json": args.json,
+        "json_only": args.json == "-",
+        "progress": sys.stderr.isatty(),
+    }
+    spec = LaunchSpec.for_python(
+        "trioring._bench",
+        module=True,
+        nprocs=args.nprocs,
+        transport=args.transport,
+        tag_output=False,
+    )
+    os.environ["TRIORING_BENCH_CONFIG"] = json.dumps(config)
+    return run(spec)
 
 
 def _info_data() -> dict[str, Any]:

@@ -1,0 +1,54 @@
+"""`trioring bench` end to end: runs, checks every result, and reports a full table."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import TYPE_CHECKING
+
+import pytest
+
+from trioring._bench import format_size, parse_sizes
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+def test_parse_sizes() -> None:
+    assert parse_sizes("4:64M") == [4 * 4**i for i in range(13)]
+    assert parse_sizes("4,4K,1M") == [4, 4096, 1024**2]
+    assert parse_sizes("1KiB,2MB") == [1024, 2 * 1024**2]
+    assert [format_size(s) for s in (4, 4096, 1024**2, 3000)] == ["4", "4K", "1M", "3000"]
+    with pytest.raises(ValueError, match="not a size"):
+        parse_sizes("lots")
+
+
+@pytest.mark.parametrize(("nprocs", "transport"), [(2, "unix"), (3, "tcp")])
+def test_bench_runs_and_checks_results(tmp_path: Path, nprocs: int, transport: str) -> None:
+    out = tmp_path / "bench.json"
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "trioring", "bench", "-n", str(nprocs)),
+            *("--transport", transport, "--sizes", "4,64K", "--json", str(out)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = json.loads(out.read_text())["results"]
+    assert [(r["collective"], r["size"]) for r in rows] == [
+        ("allreduce", 4),
+        ("allreduce", 65536),
+        ("broadcast", 4),
+        ("broadcast", 65536),
+        ("barrier", 0),
+    ]
+    for row in rows:
+        assert row["errors"] == 0
+        assert row["world_size"] == nprocs
+        assert row["transport"] == transport
+        assert 0 < row["p10_us"] <= row["median_us"] <= row["p90_us"]
+    assert "busbw GB/s" in result.stdout
