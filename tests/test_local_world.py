@@ -160,7 +160,9 @@ async def test_cancelled_collective_breaks_every_rank() -> None:
         cancelled = trio.Event()
 
         async def rank_main(comm: trioring.Communicator) -> None:
-            x = np.ones(100, np.float32)
+            # Large enough for the ring algorithm, in which every rank needs every other's
+            # data until the end (small arrays: see the next test).
+            x = np.ones(40_000, np.float32)
             if comm.rank == 2:
                 with trio.move_on_after(0) as scope:
                     # The cancel scope is already expired: checkpoint_if_cancelled raises
@@ -195,6 +197,43 @@ async def test_cancelled_collective_breaks_every_rank() -> None:
     assert isinstance(errors[3], trioring.PeerAbortedError)
     assert errors[3].reason == "cancelled"
     assert "rank 2 cancelled collective #1" in str(errors[3])
+
+
+async def test_cancelled_small_allreduce_never_returns_a_wrong_result() -> None:
+    """With recursive doubling, a rank whose exchanges were all done before a peer was
+    cancelled may return; its result is then complete and correct, and its next collective
+    raises. Every other rank raises in the call."""
+    async with open_local_world(4) as comms:
+        outcomes: dict[int, object] = {}
+        cancelled = trio.Event()
+
+        async def rank_main(comm: trioring.Communicator) -> None:
+            x = np.full(10, comm.rank + 1.0)
+            if comm.rank == 2:
+                with trio.move_on_after(0.05):
+                    await comm.allreduce(x)
+                cancelled.set()
+                return
+            await cancelled.wait()
+            try:
+                await comm.allreduce(x)
+            except trioring.TrioringError as exc:
+                outcomes[comm.rank] = exc
+                return
+            outcomes[comm.rank] = x.copy()
+            with pytest.raises(trioring.TrioringError):
+                await comm.barrier()
+
+        with trio.fail_after(10):
+            await run_ranks(comms, rank_main)
+    assert sorted(outcomes) == [0, 1, 3]
+    for outcome in outcomes.values():
+        if isinstance(outcome, np.ndarray):
+            np.testing.assert_array_equal(outcome, np.full(10, 10.0))
+        else:
+            assert isinstance(outcome, trioring.PeerAbortedError | trioring.PeerFailedError)
+            assert outcome.peer == 2
+    assert any(not isinstance(o, np.ndarray) for o in outcomes.values())
 
 
 @pytest.mark.parametrize(

@@ -118,6 +118,69 @@ async def ring_allreduce(
     await run_concurrently(sender, receiver)
 
 
+async def recursive_doubling_allreduce(
+    world: World,
+    spec: OpSpec,
+    flat: np.ndarray,
+    reduce: np.ufunc,
+    *,
+    divide: bool,
+) -> None:
+    """Latency-optimal allreduce for small arrays: ceil(log2 n) exchanges of the whole array
+    instead of the ring's 2 (n-1) steps.
+
+    With p the largest power of two <= n, ranks p..n-1 first hand their array to rank r - p
+    and wait; ranks 0..p-1 then exchange with the partner ``r ^ 2^k`` in round k, and finally
+    send the result back to the ranks they folded in. Each partial result is always computed
+    as ``reduce(lower ranks' block, higher ranks' block)``, so both partners compute the very
+    same expression and the result is bitwise identical on every rank (NaN payloads included).
+    A mean is divided on every rank, by the same number, in the same dtype.
+    """
+    n, r = world.size, world.rank
+    if n == 1:
+        return
+    nbytes = flat.nbytes
+    if nbytes > world.scratch.nbytes:
+        raise ValueError("recursive doubling is only for arrays that fit the scratch buffer")
+    scratch = world.scratch[:nbytes].view(flat.dtype)
+    raw = flat.view(np.uint8).data
+    p = 1 << (n.bit_length() - 1)
+    extra = n - p
+    # The offset field tells the steps apart: fold-in, rounds 1.., fold-out.
+    fold_out_step = p.bit_length() + 1
+
+    with np.errstate(all="ignore"):
+        if r >= p:
+            partner = world.links[r - p]
+            await partner.send(spec, 0, raw)
+            await partner.recv(spec, fold_out_step, raw)
+            return
+        if r < extra:
+            await world.links[r + p].recv(spec, 0, scratch.view(np.uint8).data)
+            reduce(flat, scratch, out=flat)  # rank r < r + p: ours is the lower block
+        distance, step = 1, 1
+        while distance < p:
+            partner_rank = r ^ distance
+            link = world.links[partner_rank]
+
+            async def send(link: Link = link, step: int = step) -> None:
+                await link.send(spec, step, raw)
+
+            async def receive(link: Link = link, step: int = step) -> None:
+                await link.recv(spec, step, scratch.view(np.uint8).data)
+
+            await run_concurrently(send, receive)
+            if r < partner_rank:
+                reduce(flat, scratch, out=flat)
+            else:
+                reduce(scratch, flat, out=flat)
+            distance, step = distance * 2, step + 1
+        if divide:
+            np.divide(flat, n, out=flat)
+        if r < extra:
+            await world.links[r + p].send(spec, fold_out_step, raw)
+
+
 def tree_neighbours(rank: int, size: int, root: int) -> tuple[int | None, list[int]]:
     """Parent and children of ``rank`` in the binomial tree rooted at ``root``.
 

@@ -37,6 +37,9 @@ __all__ = ["Communicator", "ReduceOp", "open_communicator"]
 #: Bytes per frame of bulk data. Large enough that per-frame costs vanish, small enough that a
 #: ring step streams (and that the reusable scratch buffer stays small).
 DEFAULT_CHUNK_BYTES = 1024 * 1024
+#: Arrays up to this size are allreduced by recursive doubling (log2 n exchanges of the whole
+#: array, latency-bound), larger ones by the ring (bandwidth-optimal).
+SMALL_ALLREDUCE_BYTES = 64 * 1024
 #: How long a breaking communicator spends telling its peers why, before closing anyway.
 _ABORT_NOTICE_SECONDS = 0.25
 _PAGE = 4096
@@ -189,11 +192,14 @@ class Communicator(metaclass=NoPublicConstructor):
             op: ``"sum"`` (default), ``"mean"``, ``"min"``, ``"max"`` or ``"prod"``, or a
                 :class:`ReduceOp`; the same on every rank. ``"min"``/``"max"`` refuse complex
                 dtypes and ``"mean"`` refuses integer dtypes. A mean is a sum divided by
-                ``world_size`` in the array's dtype; the division happens once per element,
-                on the rank that finishes that element's sum, before it is shared.
+                ``world_size`` in the array's dtype. For arrays up to 64 KiB every rank
+                divides the (bitwise identical) sum; for larger ones the division happens once
+                per element, on the rank that finishes that element's sum, before it is
+                shared. Either way the mean is bitwise identical everywhere.
 
-        Algorithm: ring reduce-scatter then ring all-gather, streamed in 1 MiB chunks; each
-        rank sends and receives ``2 (n-1)/n`` times the array.
+        Algorithm: up to 64 KiB, recursive doubling (``ceil(log2 n)`` exchanges of the whole
+        array: latency-bound sizes); above, ring reduce-scatter then ring all-gather, streamed
+        in 1 MiB chunks, each rank sending and receiving ``2 (n-1)/n`` times the array.
 
         Raises:
             InvalidArgumentError: bad array or op (before any I/O; the communicator stays
@@ -223,10 +229,16 @@ class Communicator(metaclass=NoPublicConstructor):
         )
         ufunc = _UFUNCS[reduce_op]
 
+        divide = reduce_op is ReduceOp.MEAN
+        small = flat.nbytes <= min(SMALL_ALLREDUCE_BYTES, self._world.scratch.nbytes)
+
         async def body(op_spec: OpSpec) -> None:
-            await _algorithms.ring_allreduce(
-                self._world, op_spec, flat, ufunc, divide=reduce_op is ReduceOp.MEAN
-            )
+            if small:
+                await _algorithms.recursive_doubling_allreduce(
+                    self._world, op_spec, flat, ufunc, divide=divide
+                )
+            else:
+                await _algorithms.ring_allreduce(self._world, op_spec, flat, ufunc, divide=divide)
 
         await self._run(kind, spec, body)
 
