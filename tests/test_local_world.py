@@ -191,8 +191,12 @@ async def test_cancelled_collective_breaks_every_rank() -> None:
     for rank, exc in errors.items():
         assert isinstance(exc, trioring.PeerAbortedError | trioring.PeerFailedError), exc
         assert exc.rank == rank
-        assert exc.peer == 2, exc
         assert f"rank {rank}:" in str(exc)
+    # Rank 2's ring neighbours name it; rank 0 hears either the relayed news or that rank 3,
+    # interrupted mid-send, closed its connection.
+    assert errors[1].peer == 2
+    assert errors[3].peer == 2
+    assert errors[0].peer in (2, 3)
     # Rank 3 receives from rank 2 in the ring: it reads rank 2's abort frame and knows why.
     assert isinstance(errors[3], trioring.PeerAbortedError)
     assert errors[3].reason == "cancelled"
@@ -232,7 +236,9 @@ async def test_cancelled_small_allreduce_never_returns_a_wrong_result() -> None:
             np.testing.assert_array_equal(outcome, np.full(10, 10.0))
         else:
             assert isinstance(outcome, trioring.PeerAbortedError | trioring.PeerFailedError)
-            assert outcome.peer == 2
+            # Either the cancelled rank, or a rank that broke because of it and closed its
+            # connection while it could not send an abort frame.
+            assert outcome.peer == 2 or isinstance(outcomes.get(outcome.peer), Exception)
     assert any(not isinstance(o, np.ndarray) for o in outcomes.values())
 
 

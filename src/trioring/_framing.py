@@ -41,6 +41,8 @@ VERSION = 1
 HEADER = struct.Struct("<4sBBBBB3xiQQQQ")
 assert HEADER.size == 48
 MAX_REASON_BYTES = 4096
+# Payloads up to this size are received together with their header.
+SMALL_FRAME = 64 * 1024
 # How long a rank whose send failed looks for the abort frame that may explain it.
 _PENDING_ABORT_SECONDS = 0.05
 NO_ROOT = -1
@@ -152,6 +154,10 @@ class Link:
         self._send_header = bytearray(HEADER.size)
         self._recv_header = bytearray(HEADER.size)
         self._recv_header_view = memoryview(self._recv_header)
+        # Header plus a small payload, received together (see _read_header).
+        self._inbox = bytearray(HEADER.size + SMALL_FRAME)
+        self._inbox_view = memoryview(self._inbox)
+        self._pending = memoryview(b"")
 
     # -- errors ------------------------------------------------------------------------
 
@@ -207,6 +213,9 @@ class Link:
             offset,
             payload.nbytes,
         )
+        # A cancellation that is already pending must not leave the link marked dirty when
+        # nothing was sent: then the abort frame can still go out on it.
+        await trio.lowlevel.checkpoint_if_cancelled()
         self.send_clean = False
         try:
             await self.connection.send_all(self._send_header, payload)
@@ -252,6 +261,11 @@ class Link:
 
     async def _recv_exactly(self, spec: OpSpec, view: memoryview, what: str) -> None:
         total = view.nbytes
+        if self._pending.nbytes and total:
+            taken = min(self._pending.nbytes, total)
+            view[:taken] = self._pending[:taken]
+            self._pending = self._pending[taken:]
+            view = view[taken:]
         while view.nbytes:
             try:
                 got = await self.connection.recv_into(view)
@@ -277,10 +291,39 @@ class Link:
         finally:
             self.receiving = False
 
+    async def _read_header(self, spec: OpSpec, expected_payload: int) -> None:
+        """Receive the next frame header into ``_inbox[:HEADER.size]``. For small frames,
+        read the payload we expect along with it (one system call and one checkpoint instead
+        of two) and keep it in ``_pending``, where :meth:`_recv_exactly` takes it from. We
+        never read past the end of the frame we expect, so if the frame is what we expect
+        nothing of the next one is consumed; if it is not, the link is about to break anyway."""
+        want = HEADER.size + (expected_payload if expected_payload <= SMALL_FRAME else 0)
+        buffer = self._inbox_view[:want]
+        have = 0
+        if self._pending.nbytes:
+            have = min(self._pending.nbytes, want)
+            buffer[:have] = self._pending[:have]
+            self._pending = self._pending[have:]
+        while have < HEADER.size:
+            try:
+                got = await self.connection.recv_into(buffer[have:])
+            except trio.BrokenResourceError as exc:
+                raise self._failed(spec, f"broke while receiving a frame header: {exc}") from exc
+            except trio.ClosedResourceError as exc:
+                raise self._closed(spec) from exc
+            if not got:
+                raise self._failed(
+                    spec,
+                    f"was closed by the peer after {have} of {HEADER.size} bytes of a frame "
+                    "header (the peer exited, crashed or closed its communicator)",
+                )
+            have += got
+        self._pending = buffer[HEADER.size : have]
+
     async def _recv_frame(self, spec: OpSpec, offset: int, into: memoryview) -> None:
-        await self._recv_exactly(spec, self._recv_header_view, "a frame header")
+        await self._read_header(spec, into.nbytes)
         (magic, version, ftype, kind, op, dtype, root, seq, count, r_offset, nbytes) = (
-            HEADER.unpack(self._recv_header)
+            HEADER.unpack_from(self._inbox)
         )
         if magic != MAGIC or version != VERSION:
             raise self._protocol(
