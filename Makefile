@@ -4,6 +4,7 @@
 #   make demo    4 ranks over Unix sockets: correctness checks and a timing table
 #   make test    the test suite
 #   make lint    ruff (lint + format check) and mypy --strict
+#   make docs    build the documentation site (strict) into site/; `make serve` to browse it
 #   make clean   remove .venv, caches and build outputs
 #
 # Use another interpreter with e.g. `make test PYTHON=python3.12` (after `make clean` if
@@ -20,7 +21,7 @@ INSTALL_STAMP = $(VENV)/.stamp-install-$(1)
 
 .DEFAULT_GOAL := help
 .DELETE_ON_ERROR:
-.PHONY: help demo test lint clean
+.PHONY: help demo test lint docs serve clean
 
 help:
 	@sed -n 's/^#   //p' $(firstword $(MAKEFILE_LIST))
@@ -74,9 +75,15 @@ test: $(call INSTALL_STAMP,test) $(SYSTEM_STAMP)
 	$(BIN)/python -m pytest
 
 lint: $(call INSTALL_STAMP,dev)
-	$(BIN)/ruff check src tests examples
-	$(BIN)/ruff format --check src tests examples
+	$(BIN)/ruff check src tests examples bench docs
+	$(BIN)/ruff format --check src tests examples bench docs
 	$(BIN)/mypy
+
+docs: $(call INSTALL_STAMP,dev)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+serve: $(call INSTALL_STAMP,dev)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
 clean:
 	rm -rf $(VENV) build dist site .pytest_cache .mypy_cache .ruff_cache .hypothesis
