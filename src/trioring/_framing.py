@@ -383,7 +383,8 @@ def abort_error(
 ) -> CollectiveError:
     """The exception a rank raises on receiving an abort frame from ``sender``."""
     error = _abort_error(rank, sender, spec, kind, subject, seq, reason, job_id)
-    error._trioring_abort = (kind, subject, reason)
+    # Passed on as is, except news of our own failure: that is news of the sender's link.
+    error._trioring_abort = (kind, sender if subject == rank else subject, reason)
     return error
 
 
@@ -400,6 +401,17 @@ def _abort_error(
     where = f"rank {rank}: {spec.kind.label} #{spec.seq}"
     via = "" if subject == sender else f" (relayed by rank {sender})"
     label = spec.kind.label
+    if kind == AbortKind.FAILED and subject == rank:
+        # The sender lost its connection to *us* and says so: from here, it is the sender
+        # whose link failed, not this (live) rank.
+        return PeerFailedError(
+            f"{where}: rank {sender} lost its connection to this rank: {reason}",
+            rank=rank,
+            peer=sender,
+            collective=label,
+            seq=spec.seq,
+            job_id=job_id,
+        )
     if kind == AbortKind.FAILED:
         return PeerFailedError(
             f"{where}: rank {subject} failed{via}: {reason}",

@@ -26,7 +26,7 @@ import os
 import secrets
 import socket as _stdlib_socket
 import struct
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import trio
 
@@ -39,7 +39,7 @@ from .transports._socket import SocketListener
 from .transports._tcp import format_host_port, parse_host_port
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     from ._config import Config
 
@@ -66,6 +66,9 @@ _RETRY_MAX_DELAY = 0.5
 def rendezvous_socket_name(config: Config) -> str:
     """One name per job, so that jobs sharing a socket directory never meet."""
     return f"trioring-{config.credentials.job_digest[:6].hex()}.sock"
+
+
+_T = TypeVar("_T")
 
 
 class _BadMessage(Exception):
@@ -108,8 +111,9 @@ async def _read_message(
         raise _BadMessage(f"message body of {length} bytes exceeds the limit of {max_body}")
     try:
         body = json.loads(await _recv_exactly(connection, length))
-    except ValueError as exc:
-        raise _BadMessage(f"malformed message body: {exc}") from None
+    except (ValueError, RecursionError) as exc:
+        # RecursionError: JSON nested thousands of levels deep.
+        raise _BadMessage(f"malformed message body: {exc!r}"[:200]) from None
     if not isinstance(body, dict):
         raise _BadMessage("malformed message body: not an object")
     return kind, body
@@ -210,13 +214,20 @@ def _job_suffix(config: Config) -> str:
 
 
 class _Admission:
-    """Counts connections in their handshake and refuses those beyond the limit."""
+    """Runs the handshakes of accepted connections, at most :data:`MAX_PENDING_HANDSHAKES` at
+    a time, and logs every connection it turns away.
+
+    When the limit is reached, the *oldest* handshake in progress is dropped to make room: a
+    genuine rank completes its handshake within milliseconds, so a flood of idle connections
+    only ever evicts itself instead of locking the ranks out.
+    """
 
     def __init__(self, config: Config, where: str) -> None:
-        self.pending = 0
         self.rejected = 0
         self._config = config
         self._where = where
+        self._pending: dict[int, trio.CancelScope] = {}
+        self._next = 0
 
     def reject(self, reason: str) -> None:
         self.rejected += 1
@@ -227,6 +238,35 @@ class _Admission:
             reason,
             _job_suffix(self._config),
         )
+
+    async def run(
+        self, connection: Connection, handshake: Callable[[], Awaitable[_T]]
+    ) -> _T | None:
+        """Run ``handshake`` within the deadline; return its result, or None (the connection
+        then is closed and the reason logged). If the surrounding scope is cancelled (the
+        rendezvous completed), the connection is closed and logged too."""
+        if len(self._pending) >= MAX_PENDING_HANDSHAKES:
+            oldest = next(iter(self._pending.values()))
+            oldest.cancel(reason="evicted: too many handshakes in progress")
+        key, self._next = self._next, self._next + 1
+        scope = trio.CancelScope()
+        self._pending[key] = scope
+        try:
+            with scope:
+                with trio.fail_after(HANDSHAKE_SECONDS):
+                    return await handshake()
+            self.reject("evicted to make room: too many handshakes in progress")
+        except (_BadMessage, _auth.HandshakeError, trio.TooSlowError) as exc:
+            # A stranger, or a client that gave up: not a rank of ours.
+            self.reject(str(exc) or "handshake took too long")
+        except trio.Cancelled:
+            self.reject("the rendezvous ended before this handshake did")
+            await trio.aclose_forcefully(connection)
+            raise
+        finally:
+            del self._pending[key]
+        await trio.aclose_forcefully(connection)
+        return None
 
 
 async def _serve_hellos(
@@ -241,30 +281,21 @@ async def _serve_hellos(
     admission = _Admission(config, "rendezvous")
 
     async def handle(connection: Connection) -> None:
-        if admission.pending >= MAX_PENDING_HANDSHAKES:
-            admission.reject("too many handshakes in progress")
-            await trio.aclose_forcefully(connection)
-            return
-        admission.pending += 1
-        try:
-            with trio.fail_after(HANDSHAKE_SECONDS):
-                peer = await _auth.accept(
-                    connection, config.credentials, role=_auth.Role.RENDEZVOUS, rank=0
-                )
-                _, body = await _read_message(connection, {HELLO})
+        async def greet() -> tuple[int, int, str, str]:
+            peer = await _auth.accept(
+                connection, config.credentials, role=_auth.Role.RENDEZVOUS, rank=0
+            )
+            _, body = await _read_message(connection, {HELLO})
             rank = _field(body, "rank", int)
             world_size = _field(body, "world_size", int)
-            transport = _field(body, "transport", str)
-            address = _field(body, "address", str)
             if (rank, world_size) != (peer.rank, peer.world_size):
                 raise _BadMessage("hello disagrees with the handshake")
-        except (_BadMessage, _auth.HandshakeError, trio.TooSlowError) as exc:
-            # A stranger, or a client that gave up: not a rank of ours.
-            admission.reject(str(exc) or "handshake took too long")
-            await trio.aclose_forcefully(connection)
+            return rank, world_size, _field(body, "transport", str), _field(body, "address", str)
+
+        greeting = await admission.run(connection, greet)
+        if greeting is None:
             return
-        finally:
-            admission.pending -= 1
+        rank, world_size, transport, address = greeting
         problem = None
         if world_size != size:
             problem = f"rank {rank} says WORLD_SIZE={world_size} but rank 0 says WORLD_SIZE={size}"
@@ -437,38 +468,27 @@ async def _mesh(
         async with trio.open_nursery() as nursery:
 
             async def handle(connection: Connection) -> None:
-                if admission.pending >= MAX_PENDING_HANDSHAKES:
-                    admission.reject("too many handshakes in progress")
-                    await trio.aclose_forcefully(connection)
+                async def greet() -> int:
+                    client = await _auth.accept(
+                        connection, config.credentials, role=_auth.Role.MESH, rank=rank
+                    )
+                    peer = client.rank
+                    if client.world_size != size or peer not in pending:
+                        raise _BadMessage(f"unexpected rank {peer} of world {client.world_size}")
+                    _, body = await _read_message(connection, {MESH_HELLO})
+                    if (body.get("session"), body.get("from"), body.get("to")) != (
+                        session,
+                        peer,
+                        rank,
+                    ):
+                        raise _BadMessage("not from this world")
+                    pending.discard(peer)
+                    await _send_message(connection, MESH_ACK, {"session": session, "from": rank})
+                    return peer
+
+                peer = await admission.run(connection, greet)
+                if peer is None:
                     return
-                admission.pending += 1
-                try:
-                    with trio.fail_after(HANDSHAKE_SECONDS):
-                        client = await _auth.accept(
-                            connection, config.credentials, role=_auth.Role.MESH, rank=rank
-                        )
-                        peer = client.rank
-                        if client.world_size != size or peer not in pending:
-                            raise _BadMessage(
-                                f"unexpected rank {peer} of world {client.world_size}"
-                            )
-                        _, body = await _read_message(connection, {MESH_HELLO})
-                        if (body.get("session"), body.get("from"), body.get("to")) != (
-                            session,
-                            peer,
-                            rank,
-                        ):
-                            raise _BadMessage("not from this world")
-                        pending.discard(peer)
-                        await _send_message(
-                            connection, MESH_ACK, {"session": session, "from": rank}
-                        )
-                except (_BadMessage, _auth.HandshakeError, trio.TooSlowError) as exc:
-                    admission.reject(str(exc) or "handshake took too long")
-                    await trio.aclose_forcefully(connection)
-                    return
-                finally:
-                    admission.pending -= 1
                 links[peer] = Link(rank, peer, connection, job_id=config.credentials.job_id)
                 # Stop accepting only once every higher rank's handshake has completed, not
                 # merely started: cancelling earlier would cut a handshake in half.
