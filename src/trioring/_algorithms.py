@@ -209,11 +209,13 @@ async def broadcast(world: World, spec: OpSpec, flat: np.ndarray, root: int) -> 
     """Copy root's ``flat`` into every rank's ``flat`` along a binomial tree, chunk by chunk:
     each rank forwards a chunk to its children as soon as it has received it.
 
-    When a rank has received everything and every child has acknowledged, it acknowledges to
-    its parent (an empty frame at offset ``count``). So the root returns only once every rank
-    holds the data, and every rank, the root included, receives at least one frame per
-    broadcast: two ranks that both believe they are the root detect it in this call instead of
-    returning with different data.
+    Every non-root rank also sends its parent one empty frame (at offset ``count``) while it
+    starts receiving, and every parent reads its children's frames while it sends. So every
+    rank, the root included, both sends and receives something in each broadcast, and ranks
+    that disagree about the root always find out in this call: two ranks that both believe
+    they are the root, or that each believe the other is, see the other's frame and raise
+    :class:`~trioring.CollectiveMismatchError` instead of returning different data or
+    waiting for each other forever.
     """
     if world.size == 1:
         return
@@ -221,7 +223,7 @@ async def broadcast(world: World, spec: OpSpec, flat: np.ndarray, root: int) -> 
     chunk = max(1, world.chunk_bytes // flat.dtype.itemsize)
     pieces = list(_chunks(0, flat.shape[0], chunk))
     channels = [trio.open_memory_channel[tuple[int, int]](math.inf) for _ in children]
-    ack_offset = flat.shape[0]
+    hello_offset = flat.shape[0]
     empty = memoryview(b"")
 
     def child_sender(child: int, index: int) -> Callable[[], Awaitable[None]]:
@@ -232,9 +234,17 @@ async def broadcast(world: World, spec: OpSpec, flat: np.ndarray, root: int) -> 
             # Not closed from this side, as in ring_allreduce's sender.
             async for offset, count in receive_channel:
                 await link.send(spec, offset, _bytes(flat, offset, count))
-            await link.recv(spec, ack_offset, empty)
 
-        return send
+        async def hello() -> None:
+            # Read while sending, not after: a child that wrongly believes it is the root is
+            # sending to us at the same time, and if neither side read until its own send was
+            # done, large arrays would fill both socket buffers and deadlock.
+            await link.recv(spec, hello_offset, empty)
+
+        async def send_and_listen() -> None:
+            await run_concurrently(send, hello)
+
+        return send_and_listen
 
     async def receiver() -> None:
         send_channels = [send for send, _ in channels]
@@ -248,9 +258,15 @@ async def broadcast(world: World, spec: OpSpec, flat: np.ndarray, root: int) -> 
             for channel in send_channels:
                 channel.close()
 
-    await run_concurrently(receiver, *(child_sender(c, i) for i, c in enumerate(children)))
+    tasks = [receiver, *(child_sender(c, i) for i, c in enumerate(children))]
     if parent is not None:
-        await world.links[parent].send(spec, ack_offset, empty)
+        parent_link = world.links[parent]
+
+        async def hello_to_parent() -> None:
+            await parent_link.send(spec, hello_offset, empty)
+
+        tasks.append(hello_to_parent)
+    await run_concurrently(*tasks)
 
 
 async def barrier(world: World, spec: OpSpec) -> None:

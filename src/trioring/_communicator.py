@@ -249,8 +249,10 @@ class Communicator(metaclass=NoPublicConstructor):
         array of the same dtype and element count (non-root contents are overwritten; the
         root's array is only read, but must still be writable).
 
-        Algorithm: binomial tree rooted at ``root``, streamed in chunks, so each rank receives
-        the data once and the root's data reaches everyone in ``ceil(log2 n)`` hops.
+        Algorithm: a dissemination round of small tokens carrying the call's identity (so
+        that ranks disagreeing about ``root`` always raise instead of waiting for each
+        other), then a binomial tree rooted at ``root``, streamed in chunks, so each rank
+        receives the data once and the root's data reaches everyone in ``ceil(log2 n)`` hops.
 
         Raises:
             InvalidArgumentError: bad array or ``root`` not in ``range(world_size)``.
@@ -270,6 +272,11 @@ class Communicator(metaclass=NoPublicConstructor):
         )
 
         async def body(op_spec: OpSpec) -> None:
+            # Agree first: a dissemination round of tokens carrying this call's identity (root
+            # included) reaches every rank from every rank, so ranks that disagree about the
+            # root find out before any data moves. A tree alone cannot: if the root itself
+            # thinks another rank is the root, nobody would ever send.
+            await _algorithms.barrier(self._world, op_spec)
             await _algorithms.broadcast(self._world, op_spec, flat, root)
 
         await self._run(kind, spec, body)
