@@ -267,3 +267,143 @@ def worlds(tmp_path: Path) -> Iterator[Worlds]:
         yield harness
     finally:
         harness.close()
+
+
+# =============================================================================================
+# Forked worlds (used by test_faults.py)
+#
+# The same workers, marker files and reports as the `worlds` fixture above, but each process
+# is forked by a fork server (workers/forkserver.py) that imported numpy, trio and trioring
+# once per session: a worker starts in a few milliseconds instead of ~0.5 s, which is what
+# lets the fault matrix run a hundred worlds in minutes on two cores. Signals go through the
+# server, which alone reaps its children, so a signal never reaches a recycled pid. At
+# teardown every worker still running is continued (it may be SIGSTOPped), killed and reaped.
+# Tests record latencies with `fault_latencies`; the terminal summary lists them per row.
+# =============================================================================================
+
+
+def _load_forkserver() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "trioring_tests_forkserver", WORKERS_DIR / "forkserver.py"
+    )
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+forkserver = _load_forkserver()
+
+
+class ForkedProcess:
+    """What :class:`Worker` and :class:`World` use of ``subprocess.Popen``, for a process
+    of the fork server."""
+
+    def __init__(self, server: Any, pid: int, args: Sequence[str]) -> None:
+        self._server = server
+        self.pid = pid
+        self.args = list(args)
+
+    @property
+    def returncode(self) -> int | None:
+        code: int | None = self._server.exit_codes.get(self.pid)
+        return code
+
+    def poll(self) -> int | None:
+        code: int | None = self._server.poll(self.pid)
+        return code
+
+    def wait(self, timeout: float | None = None) -> int:
+        code: int | None = self._server.wait(self.pid, WAIT_S * 10 if timeout is None else timeout)
+        if code is None:
+            raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        return code
+
+    def send_signal(self, signum: int) -> float | None:
+        """Send ``signum`` unless the process ended; the ``time.monotonic()`` it was sent."""
+        sent: float | None = self._server.signal(self.pid, signum)
+        return sent
+
+
+class ForkedWorlds(Worlds):
+    """:class:`Worlds` whose workers come from the fork server (the ``forked_worlds``
+    fixture). ``worker.popen`` is a :class:`ForkedProcess`."""
+
+    def __init__(self, tmp_path: Path, server: Any) -> None:
+        super().__init__(tmp_path)
+        self.server = server
+
+    def spawn(self, script: str, args: Sequence[str], env: Mapping[str, str]) -> Worker:
+        out_dir, index = Path(args[1]), int(args[2])
+        log = out_dir / f"w{index}.log"
+        path = str(WORKERS_DIR / script)
+        pid = self.server.spawn(path, list(args), dict(env), str(log))
+        process = ForkedProcess(self.server, pid, [path, *args])
+        worker = Worker(index, process, out_dir, log)  # type: ignore[arg-type]
+        self._workers.append(worker)
+        return worker
+
+    def close(self) -> None:
+        for worker in self._workers:
+            if worker.popen.poll() is None:
+                worker.popen.send_signal(signal.SIGCONT)
+        super().close()
+
+
+@pytest.fixture(scope="session")
+def fork_server() -> Iterator[Any]:
+    server = forkserver.ForkServer(env=Worlds.base_env())
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def forked_worlds(tmp_path: Path, fork_server: Any) -> Iterator[ForkedWorlds]:
+    """Like ``worlds``, with forked workers; every one still running at teardown is killed
+    and reaped."""
+    if not fork_server.alive:
+        pytest.fail("the fork server died")
+    harness = ForkedWorlds(tmp_path, fork_server)
+    try:
+        yield harness
+    finally:
+        harness.close()
+
+
+_LATENCIES = pytest.StashKey[dict[str, list[tuple[float, bool | None]]]]()
+
+
+@pytest.fixture
+def fault_latencies(request: pytest.FixtureRequest) -> dict[str, list[tuple[float, bool | None]]]:
+    """Per row name: (latency in seconds, whether that rank named the culprit, or None), for
+    the terminal summary."""
+    return request.config.stash.setdefault(_LATENCIES, {})
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    import statistics
+
+    rows = config.stash.get(_LATENCIES, {})
+    if not rows:
+        return
+    terminalreporter.section("fault detection latency (ms) per rank, all runs of a row")
+    terminalreporter.line(
+        f"{'row':<34} {'n':>4} {'median':>8} {'p90':>8} {'max':>8}  named the culprit"
+    )
+    for name in sorted(rows):
+        values = sorted(latency for latency, _ in rows[name])
+        if not values:
+            continue
+        named = [flag for _, flag in rows[name] if flag is not None]
+        median = statistics.median(values) * 1000
+        p90 = values[min(len(values) - 1, int(len(values) * 0.9))] * 1000
+        naming = f"{sum(named)}/{len(named)}" if named else "-"
+        terminalreporter.line(
+            f"{name:<34} {len(values):>4} {median:>8.1f} {p90:>8.1f} "
+            f"{values[-1] * 1000:>8.1f}  {naming}"
+        )

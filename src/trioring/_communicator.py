@@ -14,6 +14,7 @@ import trio
 from . import _algorithms, _config, _registry
 from ._concurrency import is_cancellation
 from ._errors import (
+    CollectiveError,
     CollectiveMismatchError,
     CommunicatorBrokenError,
     CommunicatorBusyError,
@@ -404,11 +405,39 @@ class Communicator(metaclass=NoPublicConstructor):
                 await trio.lowlevel.cancel_shielded_checkpoint()
             else:
                 await body(spec)
+        except CollectiveError as exc:
+            cause = await self._relayed_cause(exc, spec)
+            await self._break(cause, spec)
+            if cause is exc:
+                raise
+            cause.add_note(f"first noticed on this rank as: {type(exc).__name__}: {exc}")
+            raise cause from exc
         except BaseException as exc:
             await self._break(exc, spec)
             raise
         finally:
             self._running = None
+
+    async def _relayed_cause(self, error: CollectiveError, spec: OpSpec) -> CollectiveError:
+        """A lost connection is often the echo of a failure elsewhere: a neighbour broke
+        because of it and closed before it could tell us. Its other neighbours did get an
+        abort frame through, so look briefly on every link for one, and report the original
+        cause (the rank that died, was cancelled or saw the mismatch) instead of the echo."""
+        if not isinstance(error, PeerFailedError) or error._trioring_abort is not None:
+            return error
+        found: list[CollectiveError] = []
+
+        async def look(link: Link) -> None:
+            abort = await link.pending_abort(spec)
+            if abort is not None:
+                found.append(abort)
+
+        async with trio.open_nursery() as nursery:
+            for link in self._links.values():
+                nursery.start_soon(look, link)
+        if not found:
+            return error
+        return max(found, key=lambda e: 2 if isinstance(e, CollectiveMismatchError) else 1)
 
     def _abort_notice(self, exc: BaseException) -> tuple[AbortKind, int, str]:
         if is_cancellation(exc):

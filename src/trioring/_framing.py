@@ -241,6 +241,17 @@ class Link:
 
     # -- receiving ---------------------------------------------------------------------
 
+    async def pending_abort(self, spec: OpSpec) -> CollectiveError | None:
+        """The abort frame the peer left on this link, if it is the next thing to read and
+        arrives within a short grace; None otherwise. Only for a link that is about to be
+        closed: whatever is read here is consumed."""
+        try:
+            await self._raise_pending_abort(spec)
+        except CollectiveError as exc:
+            if exc._trioring_abort is not None:
+                return exc
+        return None
+
     async def _raise_pending_abort(self, spec: OpSpec) -> None:
         """After a failed send: a peer that gives up sends an abort frame and then closes, so
         its reason may be waiting in our receive buffer. If nobody else is receiving on this
