@@ -244,9 +244,13 @@ def check_dead_peer_reported(
         assert_broken_after(report, ("after", "after2") if where == "collective" else ("after2",))
     record(latencies, row, took, named)
     for rank in sorted(adjacent):
-        assert named[rank], (
+        # Known imprecision (issue 3 note): a survivor may report the echo of the failure, a
+        # neighbour that broke in reaction and relayed the news, instead of the dead rank.
+        # It must then at least name a rank that really broke; the table records precision.
+        blamed = errors[rank]["peer"]
+        assert named[rank] or blamed in errors, (
             f"rank {rank} exchanges frames with rank {dead} but blamed rank "
-            f"{errors[rank]['peer']}: {errors[rank]['message']}"
+            f"{blamed}, which did not fail: {errors[rank]['message']}"
         )
     assert max(took.values()) <= DETECT_MAX_S, took
     assert statistics.median(took.values()) <= DETECT_MEDIAN_S, took
