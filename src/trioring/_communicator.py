@@ -400,11 +400,10 @@ class Communicator(metaclass=NoPublicConstructor):
         spec = make_spec(seq=self._seq)
         self._running = spec
         try:
+            await body(spec)
             if self._world_size == 1:
-                await body(spec)
+                # No I/O happened, but every public async function must be a schedule point.
                 await trio.lowlevel.cancel_shielded_checkpoint()
-            else:
-                await body(spec)
         except CollectiveError as exc:
             cause = await self._relayed_cause(exc, spec)
             await self._break(cause, spec)
