@@ -10,12 +10,14 @@ through the ring or tree instead of being sent whole at every step.
 from __future__ import annotations
 
 import math
+import struct
 from typing import TYPE_CHECKING, final
 
 import attrs
 import numpy as np
 import trio
 
+from . import _cma
 from ._concurrency import run_concurrently
 
 if TYPE_CHECKING:
@@ -36,6 +38,9 @@ class World:
     links: dict[int, Link]
     chunk_bytes: int
     scratch: np.ndarray[tuple[int], np.dtype[np.uint8]]
+    #: Peer pids (from the kernel) when every pair of ranks agreed to use cross-memory
+    #: attach at opening; None otherwise.
+    peer_pids: dict[int, int] | None = None
 
 
 def _chunks(lo: int, hi: int, chunk: int) -> Iterator[tuple[int, int]]:
@@ -46,6 +51,34 @@ def _chunks(lo: int, hi: int, chunk: int) -> Iterator[tuple[int, int]]:
         return
     for start in range(lo, hi, chunk):
         yield start, min(chunk, hi - start)
+
+
+async def exchange(
+    spec: OpSpec,
+    to: Link,
+    send_offset: int,
+    payload: memoryview,
+    frm: Link,
+    recv_offset: int,
+    into: memoryview,
+) -> None:
+    """Send one frame to ``to`` while receiving one from ``frm``. When the connection takes
+    the whole frame at once (small frames nearly always), this starts no tasks at all, which
+    is most of the cost of a small collective; otherwise the rest of the send and the
+    receive run concurrently, so neither side can wait for the other's send to finish."""
+    rest = to.start_send(spec, send_offset, payload)
+    if rest is None:
+        await frm.recv(spec, recv_offset, into)
+        return
+    unsent = rest
+
+    async def send() -> None:
+        await to.finish_send(spec, unsent)
+
+    async def receive() -> None:
+        await frm.recv(spec, recv_offset, into)
+
+    await run_concurrently(send, receive)
 
 
 def _bytes(flat: np.ndarray, offset: int, count: int) -> memoryview:
@@ -159,17 +192,11 @@ async def recursive_doubling_allreduce(
             await world.links[r + p].recv(spec, 0, scratch.view(np.uint8).data)
             reduce(flat, scratch, out=flat)  # rank r < r + p: ours is the lower block
         distance, step = 1, 1
+        incoming = scratch.view(np.uint8).data
         while distance < p:
             partner_rank = r ^ distance
             link = world.links[partner_rank]
-
-            async def send(link: Link = link, step: int = step) -> None:
-                await link.send(spec, step, raw)
-
-            async def receive(link: Link = link, step: int = step) -> None:
-                await link.recv(spec, step, scratch.view(np.uint8).data)
-
-            await run_concurrently(send, receive)
+            await exchange(spec, link, step, raw, link, step, incoming)
             if r < partner_rank:
                 reduce(flat, scratch, out=flat)
             else:
@@ -269,6 +296,27 @@ async def broadcast(world: World, spec: OpSpec, flat: np.ndarray, root: int) -> 
     await run_concurrently(*tasks)
 
 
+async def small_broadcast(world: World, spec: OpSpec, flat: np.ndarray, root: int) -> None:
+    """:func:`broadcast` for arrays of one chunk at most, without tasks: receive from the
+    parent, send to each child, then collect each child's empty frame and send ours to the
+    parent. The order follows the tree, so it cannot deadlock even on unbuffered links;
+    the caller's barrier round has already checked that every rank agrees on ``root``."""
+    if world.size == 1:
+        return
+    parent, children = tree_neighbours(world.rank, world.size, root)
+    raw = _bytes(flat, 0, flat.shape[0])
+    hello_offset = flat.shape[0]
+    empty = memoryview(b"")
+    if parent is not None:
+        await world.links[parent].recv(spec, 0, raw)
+    for child in children:
+        await world.links[child].send(spec, 0, raw)
+    for child in children:
+        await world.links[child].recv(spec, hello_offset, empty)
+    if parent is not None:
+        await world.links[parent].send(spec, hello_offset, empty)
+
+
 async def barrier(world: World, spec: OpSpec) -> None:
     """Dissemination barrier: in round k every rank sends a token to rank + 2^k and waits for
     the token from rank - 2^k, for ceil(log2 n) rounds. No rank leaves before every rank has
@@ -280,12 +328,138 @@ async def barrier(world: World, spec: OpSpec) -> None:
     distance, round_ = 1, 0
     while distance < n:
         to, frm = world.links[(r + distance) % n], world.links[(r - distance) % n]
-
-        async def send(link: Link = to, token: int = round_) -> None:
-            await link.send(spec, token, empty)
-
-        async def receive(link: Link = frm, token: int = round_) -> None:
-            await link.recv(spec, token, empty)
-
-        await run_concurrently(send, receive)
+        await exchange(spec, to, round_, empty, frm, round_, empty)
         distance, round_ = distance * 2, round_ + 1
+
+
+# -- cross-memory attach ---------------------------------------------------------------------
+#
+# Ranks on one host read each other's arrays directly (see _cma), so each byte is copied once.
+# Frames still carry every step's identity (mismatches raise as with sockets), and they order
+# the memory accesses: a rank reads a region of a peer's array only after the peer said the
+# region holds what the step needs, and it returns only after every peer said it has finished
+# reading its array, so a caller may overwrite the array as soon as the call returns.
+
+_ANNOUNCE = struct.Struct("<QQ")  # address of the array's data, its size in bytes
+
+
+async def _announce(
+    world: World, spec: OpSpec, flat: np.ndarray, peers: list[int]
+) -> dict[int, int]:
+    """Tell ``peers`` where our array is; learn where theirs are (step 0)."""
+    mine = memoryview(_ANNOUNCE.pack(flat.ctypes.data, flat.nbytes))
+    for peer in peers:
+        await world.links[peer].send(spec, 0, mine)
+    addresses = {}
+    theirs = bytearray(_ANNOUNCE.size)
+    for peer in peers:
+        link = world.links[peer]
+        await link.recv(spec, 0, memoryview(theirs))
+        address, nbytes = _ANNOUNCE.unpack(theirs)
+        if nbytes != flat.nbytes:
+            raise link.protocol_error(
+                spec, f"announced an array of {nbytes} bytes, expected {flat.nbytes}"
+            )
+        addresses[peer] = address
+    return addresses
+
+
+async def _notify(world: World, spec: OpSpec, step: int, peers: list[int]) -> None:
+    empty = memoryview(b"")
+    for peer in peers:
+        await world.links[peer].send(spec, step, empty)
+
+
+async def _await_notice(world: World, spec: OpSpec, step: int, peer: int) -> None:
+    await world.links[peer].recv(spec, step, memoryview(b""))
+
+
+async def _read(world: World, spec: OpSpec, peer: int, address: int, into: np.ndarray) -> None:
+    """Copy ``into.nbytes`` bytes from ``address`` in ``peer``'s memory into ``into``, chunk by
+    chunk with a checkpoint after each, so other tasks run and cancellation is noticed."""
+    assert world.peer_pids is not None
+    pid = world.peer_pids[peer]
+    local = into.ctypes.data
+    done, total = 0, into.nbytes
+    while done < total:
+        step = min(world.chunk_bytes, total - done)
+        try:
+            _cma.read_into(pid, address + done, local + done, step)
+        except _cma.CmaError as exc:
+            raise world.links[peer].memory_failed(spec, exc) from exc
+        done += step
+        await trio.lowlevel.checkpoint()
+
+
+async def cma_allreduce(
+    world: World,
+    spec: OpSpec,
+    flat: np.ndarray,
+    reduce: np.ufunc,
+    *,
+    divide: bool,
+) -> None:
+    """Allreduce by direct reads: rank r reduces segment r of the array, reading that segment
+    of every peer's array chunk by chunk (own values first, then peers in rank order); then
+    it copies every other finished segment from the rank that owns it.
+
+    Each segment is computed on one rank only and copied from there, so the result is
+    bitwise identical on every rank. Frames: step 0 announces the array's address, step 1
+    says "my segment is final" (after which peers read it, and we may overwrite theirs in
+    ours), step 2 says "done reading yours". Scratch: one chunk.
+    """
+    n, r = world.size, world.rank
+    peers = [q for q in range(n) if q != r]
+    itemsize = flat.dtype.itemsize
+    total = flat.shape[0]
+    bounds = [i * total // n for i in range(n + 1)]
+    addresses = await _announce(world, spec, flat, peers)
+    chunk = max(1, world.chunk_bytes // itemsize)
+    scratch = world.scratch[: chunk * itemsize].view(flat.dtype)
+    lo, hi = bounds[r], bounds[r + 1]
+    # Overflow to inf is a valid result, as in ring_allreduce.
+    with np.errstate(all="ignore"):
+        for peer in peers:
+            for offset, count in _chunks(lo, hi, chunk):
+                if not count:
+                    continue
+                incoming = scratch[:count]
+                await _read(world, spec, peer, addresses[peer] + offset * itemsize, incoming)
+                target = flat[offset : offset + count]
+                reduce(target, incoming, out=target)
+        if divide:
+            np.divide(flat[lo:hi], n, out=flat[lo:hi])
+    await _notify(world, spec, 1, peers)
+    for peer in peers:
+        await _await_notice(world, spec, 1, peer)
+        start, stop = bounds[peer], bounds[peer + 1]
+        if stop > start:
+            await _read(world, spec, peer, addresses[peer] + start * itemsize, flat[start:stop])
+    await _notify(world, spec, 2, peers)
+    for peer in peers:
+        await _await_notice(world, spec, 2, peer)
+
+
+async def cma_broadcast(world: World, spec: OpSpec, flat: np.ndarray, root: int) -> None:
+    """Broadcast by direct reads: the root announces its array's address (step 0), every
+    other rank copies it and says so (step 1); the root returns when all have. The caller's
+    barrier round has already checked that every rank agrees on ``root``."""
+    n, r = world.size, world.rank
+    if r == root:
+        peers = [q for q in range(n) if q != r]
+        mine = memoryview(_ANNOUNCE.pack(flat.ctypes.data, flat.nbytes))
+        for peer in peers:
+            await world.links[peer].send(spec, 0, mine)
+        for peer in peers:
+            await _await_notice(world, spec, 1, peer)
+        return
+    link = world.links[root]
+    theirs = bytearray(_ANNOUNCE.size)
+    await link.recv(spec, 0, memoryview(theirs))
+    address, nbytes = _ANNOUNCE.unpack(theirs)
+    if nbytes != flat.nbytes:
+        raise link.protocol_error(
+            spec, f"announced an array of {nbytes} bytes, expected {flat.nbytes}"
+        )
+    await _read(world, spec, root, address, flat.view(np.uint8))
+    await link.send(spec, 1, memoryview(b""))

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import enum
 import functools
+import os
+import struct
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, final
 
 import numpy as np
 import trio
 
-from . import _algorithms, _config, _registry
+from . import _algorithms, _cma, _config, _registry
 from ._concurrency import is_cancellation
 from ._errors import (
     CollectiveError,
@@ -23,6 +25,7 @@ from ._errors import (
     PeerAbortedError,
     PeerFailedError,
     ProtocolError,
+    RendezvousError,
     TrioringError,
 )
 from ._framing import DTYPE_CODES, OP_NAMES, AbortKind, Kind, Link, OpSpec
@@ -41,6 +44,10 @@ DEFAULT_CHUNK_BYTES = 1024 * 1024
 #: Arrays up to this size are allreduced by recursive doubling (log2 n exchanges of the whole
 #: array, latency-bound), larger ones by the ring (bandwidth-optimal).
 SMALL_ALLREDUCE_BYTES = 64 * 1024
+#: Arrays above this size are allreduced and broadcast by cross-memory attach, when all ranks
+#: agreed to use it at opening (one host, Unix transport, the kernel allows it): below, the
+#: extra rounds of notices cost more than the copy they save.
+CMA_MIN_BYTES = 256 * 1024
 #: How long a breaking communicator spends telling its peers why, before closing anyway.
 _ABORT_NOTICE_SECONDS = 0.25
 _PAGE = 4096
@@ -157,6 +164,19 @@ class Communicator(metaclass=NoPublicConstructor):
         return self._transport.name
 
     @property
+    def features(self) -> frozenset[str]:
+        """The gated fast paths this communicator uses (see :func:`trioring.capabilities`):
+        ``"cma"`` when all ranks agreed at opening to move large arrays by cross-memory
+        attach, ``"spin"`` when receives poll briefly before parking. The same on every rank
+        for ``"cma"``; ``"spin"`` is a local choice."""
+        features = set()
+        if self._world.peer_pids is not None:
+            features.add("cma")
+        if any(link.spin_seconds for link in self._links.values()):
+            features.add("spin")
+        return frozenset(features)
+
+    @property
     def seq(self) -> int:
         """Sequence number of the last collective started (0 before the first)."""
         return self._seq
@@ -233,8 +253,12 @@ class Communicator(metaclass=NoPublicConstructor):
         divide = reduce_op is ReduceOp.MEAN
         small = flat.nbytes <= min(SMALL_ALLREDUCE_BYTES, self._world.scratch.nbytes)
 
+        cma = self._world.peer_pids is not None and flat.nbytes > CMA_MIN_BYTES
+
         async def body(op_spec: OpSpec) -> None:
-            if small:
+            if cma:
+                await _algorithms.cma_allreduce(self._world, op_spec, flat, ufunc, divide=divide)
+            elif small:
                 await _algorithms.recursive_doubling_allreduce(
                     self._world, op_spec, flat, ufunc, divide=divide
                 )
@@ -278,7 +302,12 @@ class Communicator(metaclass=NoPublicConstructor):
             # root find out before any data moves. A tree alone cannot: if the root itself
             # thinks another rank is the root, nobody would ever send.
             await _algorithms.barrier(self._world, op_spec)
-            await _algorithms.broadcast(self._world, op_spec, flat, root)
+            if self._world.peer_pids is not None and flat.nbytes > CMA_MIN_BYTES:
+                await _algorithms.cma_broadcast(self._world, op_spec, flat, root)
+            elif flat.nbytes <= self._world.chunk_bytes:
+                await _algorithms.small_broadcast(self._world, op_spec, flat, root)
+            else:
+                await _algorithms.broadcast(self._world, op_spec, flat, root)
 
         await self._run(kind, spec, body)
 
@@ -401,9 +430,9 @@ class Communicator(metaclass=NoPublicConstructor):
         self._running = spec
         try:
             await body(spec)
-            if self._world_size == 1:
-                # No I/O happened, but every public async function must be a schedule point.
-                await trio.lowlevel.cancel_shielded_checkpoint()
+            # Every public async function must be a schedule point, and a collective whose
+            # data was all there at once (or a world of one) may not have yielded yet.
+            await trio.lowlevel.cancel_shielded_checkpoint()
         except CollectiveError as exc:
             cause = await self._relayed_cause(exc, spec)
             await self._break(cause, spec)
@@ -489,7 +518,9 @@ async def _create_communicator(
     else:
         make_rendezvous = TcpTransport
     transport, links = await connect_world(config, make_transport, make_rendezvous)
-    return Communicator._create(
+    for link in links.values():
+        link.spin_seconds = config.spin_seconds
+    comm = Communicator._create(
         rank=config.rank,
         world_size=config.world_size,
         transport=transport,
@@ -497,6 +528,70 @@ async def _create_communicator(
         chunk_bytes=chunk_bytes,
         job_id=config.credentials.job_id,
     )
+    if config.transport == "unix" and config.world_size > 1:
+        try:
+            comm._world.peer_pids = await _agree_on_cma(config, links)
+        except BaseException as exc:
+            with trio.CancelScope(shield=True):
+                await comm._close_connections()
+            if isinstance(exc, CollectiveError):
+                raise RendezvousError(
+                    f"rank {config.rank}: rendezvous failed while agreeing on capabilities: "
+                    f"{exc._bare_message}",
+                    rank=config.rank,
+                    peer=exc.peer,
+                    collective="rendezvous",
+                    job_id=config.credentials.job_id or None,
+                ) from exc
+            raise
+    return comm
+
+
+_OFFER = struct.Struct("<QQQ")  # offered (0/1), address of our cookie, the cookie's value
+
+
+async def _agree_on_cma(config: _config.Config, links: dict[int, Link]) -> dict[int, int] | None:
+    """Decide, identically on every rank, whether collectives may use cross-memory attach:
+    only if every rank offers it and every rank could read a cookie from every peer's memory
+    (the kernel's ptrace rules, seccomp and containers decide that, per pair). Two rounds of
+    small frames on every link (``setup #0``). Returns the peers' pids, or None."""
+    spec = OpSpec(Kind.SETUP, 0)
+    offer = config.cma and _cma.unavailable_reason() is None
+    cookie = np.frombuffer(os.urandom(8), dtype=np.uint64).copy()
+    pids = (
+        {peer: _cma.peer_pid(link.connection.socket) for peer, link in links.items()}  # type: ignore[attr-defined]
+        if offer
+        else {}
+    )
+    mine = memoryview(_OFFER.pack(offer, cookie.ctypes.data, int(cookie[0])))
+    for link in links.values():
+        await link.send(spec, 0, mine)
+    readable = offer
+    theirs = bytearray(_OFFER.size)
+    probe = np.zeros(1, dtype=np.uint64)
+    for peer, link in links.items():
+        await link.recv(spec, 0, memoryview(theirs))
+        offered, address, value = _OFFER.unpack(theirs)
+        if not (offered and readable):
+            readable = False
+            continue
+        try:
+            _cma.read_into(pids[peer], address, probe.ctypes.data, 8)
+        except _cma.CmaError:
+            readable = False
+        else:
+            readable = int(probe[0]) == value
+    verdict = memoryview(struct.pack("<Q", readable))
+    for link in links.values():
+        await link.send(spec, 1, verdict)
+    agreed = readable
+    answer = bytearray(8)
+    for link in links.values():
+        await link.recv(spec, 1, memoryview(answer))
+        agreed = agreed and struct.unpack("<Q", answer)[0] == 1
+    # Keep the cookie alive until every peer has read it (they answered after reading).
+    del cookie
+    return pids if agreed else None
 
 
 @asynccontextmanager

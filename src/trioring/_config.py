@@ -18,6 +18,9 @@ if TYPE_CHECKING:
     from collections.abc import Mapping
 
 DEFAULT_TRANSPORT = "tcp"
+#: How long a receive polls (yielding the CPU between tries) before parking, by default.
+DEFAULT_SPIN_US = 50
+_MAX_SPIN_US = 10_000
 
 
 @final
@@ -39,6 +42,10 @@ class Config:
     #: Where the transport name came from, for error messages ("TRIORING_TRANSPORT='x'").
     transport_source: str = "default"
     credentials: Credentials = attrs.field(factory=lambda: Credentials(b"", ""))
+    #: Bounded poll before a receive parks (TRIORING_SPIN_US); 0 turns it off.
+    spin_seconds: float = 0.0
+    #: Whether this rank offers cross-memory attach for large collectives (TRIORING_CMA).
+    cma: bool = True
 
     @property
     def rendezvous_over_socket_dir(self) -> bool:
@@ -233,7 +240,32 @@ def resolve(
         listen_fd=listen_fd,
         transport_source=transport_source,
         credentials=Credentials(secret, job_id(env)),
+        spin_seconds=spin_seconds(env),
+        cma=_flag(env, "TRIORING_CMA", default=True),
     )
+
+
+def spin_seconds(env: Mapping[str, str]) -> float:
+    """TRIORING_SPIN_US as seconds; by default DEFAULT_SPIN_US when this process may run on
+    more than one CPU (with one, the peer cannot answer while we poll), else 0."""
+    raw = env.get("TRIORING_SPIN_US", "").strip()
+    if not raw:
+        return DEFAULT_SPIN_US / 1e6 if len(os.sched_getaffinity(0)) > 1 else 0.0
+    if not raw.isdigit() or int(raw) > _MAX_SPIN_US:
+        raise ConfigurationError(
+            f"TRIORING_SPIN_US={raw!r}: expected microseconds, an integer from 0 (no polling) "
+            f"to {_MAX_SPIN_US}"
+        )
+    return int(raw) / 1e6
+
+
+def _flag(env: Mapping[str, str], name: str, *, default: bool) -> bool:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    if raw in ("0", "1"):
+        return raw == "1"
+    raise ConfigurationError(f"{name}={raw!r}: expected 1 (on) or 0 (off)")
 
 
 def _listen_fd(env: Mapping[str, str]) -> int | None:

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import os
 import struct
+import time
 from typing import TYPE_CHECKING, NoReturn, final
 
 import attrs
@@ -32,6 +34,7 @@ from ._errors import (
     PeerFailedError,
     ProtocolError,
 )
+from .transports._socket import SocketConnection
 
 if TYPE_CHECKING:
     from .transports import Connection
@@ -57,6 +60,7 @@ class Kind(enum.IntEnum):
     ALLREDUCE = 1
     BROADCAST = 2
     BARRIER = 3
+    SETUP = 4  # the capability agreement when a communicator opens (seq 0)
 
     @property
     def label(self) -> str:
@@ -151,7 +155,11 @@ class Link:
         self.connection = connection
         self.send_clean = True
         self.receiving = False
+        #: Bounded poll before a receive parks (see _recv_some); set from the config.
+        self.spin_seconds = 0.0
         self._send_header = bytearray(HEADER.size)
+        self._send_header_view = memoryview(self._send_header)
+        self._fast = connection if isinstance(connection, SocketConnection) else None
         self._recv_header = bytearray(HEADER.size)
         self._recv_header_view = memoryview(self._recv_header)
         # Header plus a small payload, received together (see _read_header).
@@ -163,6 +171,22 @@ class Link:
 
     def _context(self, spec: OpSpec) -> str:
         return f"rank {self.rank}: {spec.kind.label} #{spec.seq}"
+
+    def memory_failed(self, spec: OpSpec, error: OSError) -> PeerFailedError:
+        """The error for a failed cross-memory read from this link's peer."""
+        return PeerFailedError(
+            f"{self._context(spec)}: could not read the memory of peer rank {self.peer} "
+            f"({error.strerror}; the peer exited or left the collective)",
+            rank=self.rank,
+            job_id=self.job_id,
+            peer=self.peer,
+            collective=spec.kind.label,
+            seq=spec.seq,
+        )
+
+    def protocol_error(self, spec: OpSpec, detail: str) -> ProtocolError:
+        """A :class:`ProtocolError` about what this link's peer sent."""
+        return self._protocol(spec, detail)
 
     def _failed(self, spec: OpSpec, detail: str) -> PeerFailedError:
         return PeerFailedError(
@@ -196,8 +220,11 @@ class Link:
 
     # -- sending -----------------------------------------------------------------------
 
-    async def send(self, spec: OpSpec, offset: int, payload: memoryview) -> None:
-        """Send one DATA frame of ``spec`` carrying ``payload`` (bytes) at element ``offset``."""
+    def start_send(self, spec: OpSpec, offset: int, payload: memoryview) -> list[memoryview] | None:
+        """Send as much of one DATA frame of ``spec`` (``payload`` at element ``offset``) as
+        the connection takes without blocking. Returns None when all of it went out; else
+        what is left, which the caller must pass to :meth:`finish_send` before anything else
+        is sent on this link."""
         HEADER.pack_into(
             self._send_header,
             0,
@@ -213,18 +240,40 @@ class Link:
             offset,
             payload.nbytes,
         )
+        views = [self._send_header_view, payload] if payload.nbytes else [self._send_header_view]
+        if self._fast is None:
+            return views
+        try:
+            sent = self._fast.send_nowait(views)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return views  # finish_send meets the same error and reports it properly
+        if sent == HEADER.size + payload.nbytes:
+            return None
+        if sent:
+            self.send_clean = False
+        return _advance(views, sent)
+
+    async def finish_send(self, spec: OpSpec, views: list[memoryview]) -> None:
+        """Send the rest of a frame that :meth:`start_send` began."""
         # A cancellation that is already pending must not leave the link marked dirty when
         # nothing was sent: then the abort frame can still go out on it.
         await trio.lowlevel.checkpoint_if_cancelled()
         self.send_clean = False
         try:
-            await self.connection.send_all(self._send_header, payload)
+            await self.connection.send_all(*views)
         except trio.BrokenResourceError as exc:
             await self._raise_pending_abort(spec)
             raise self._failed(spec, f"broke while sending: {exc}") from exc
         except trio.ClosedResourceError as exc:
             raise self._closed(spec) from exc
         self.send_clean = True
+
+    async def send(self, spec: OpSpec, offset: int, payload: memoryview) -> None:
+        """Send one DATA frame of ``spec`` carrying ``payload`` (bytes) at element ``offset``.
+        Not a checkpoint when the connection takes the whole frame at once."""
+        rest = self.start_send(spec, offset, payload)
+        if rest is not None:
+            await self.finish_send(spec, rest)
 
     async def send_abort(self, kind: AbortKind, subject: int, seq: int, reason: str) -> None:
         """Tell the peer why this rank gives up. Best effort: transport errors are ignored,
@@ -270,6 +319,29 @@ class Link:
             if magic == MAGIC and version == VERSION and ftype == FrameType.ABORT:
                 await self._raise_abort(spec, kind, root, seq, nbytes)
 
+    async def _recv_some(self, spec: OpSpec, view: memoryview, what: str) -> int:
+        """Receive at least one byte into ``view``, or 0 at end of stream. With a socket
+        connection, take what is already there without a trip through the scheduler, and
+        when nothing is, poll for up to ``spin_seconds`` (yielding the CPU between tries)
+        before parking: a peer on another core often answers within microseconds, far
+        sooner than a wake-up through the event loop would deliver it."""
+        fast = self._fast
+        try:
+            if fast is not None:
+                got = fast.recv_nowait(view)
+                if got is None and self.spin_seconds:
+                    deadline = time.perf_counter() + self.spin_seconds
+                    while got is None and time.perf_counter() < deadline:
+                        os.sched_yield()
+                        got = fast.recv_nowait(view)
+                if got is not None:
+                    return got
+            return await self.connection.recv_into(view)
+        except trio.BrokenResourceError as exc:
+            raise self._failed(spec, f"broke while receiving {what}: {exc}") from exc
+        except trio.ClosedResourceError as exc:
+            raise self._closed(spec) from exc
+
     async def _recv_exactly(self, spec: OpSpec, view: memoryview, what: str) -> None:
         total = view.nbytes
         if self._pending.nbytes and total:
@@ -278,12 +350,7 @@ class Link:
             self._pending = self._pending[taken:]
             view = view[taken:]
         while view.nbytes:
-            try:
-                got = await self.connection.recv_into(view)
-            except trio.BrokenResourceError as exc:
-                raise self._failed(spec, f"broke while receiving {what}: {exc}") from exc
-            except trio.ClosedResourceError as exc:
-                raise self._closed(spec) from exc
+            got = await self._recv_some(spec, view, what)
             if not got:
                 done = total - view.nbytes
                 raise self._failed(
@@ -316,12 +383,7 @@ class Link:
             buffer[:have] = self._pending[:have]
             self._pending = self._pending[have:]
         while have < HEADER.size:
-            try:
-                got = await self.connection.recv_into(buffer[have:])
-            except trio.BrokenResourceError as exc:
-                raise self._failed(spec, f"broke while receiving a frame header: {exc}") from exc
-            except trio.ClosedResourceError as exc:
-                raise self._closed(spec) from exc
+            got = await self._recv_some(spec, buffer[have:], "a frame header")
             if not got:
                 raise self._failed(
                     spec,
@@ -460,3 +522,15 @@ def _abort_error(
         seq=spec.seq,
         job_id=job_id,
     )
+
+
+def _advance(views: list[memoryview], sent: int) -> list[memoryview]:
+    """What is left of ``views`` after the first ``sent`` bytes went out."""
+    rest = []
+    for view in views:
+        if sent >= view.nbytes:
+            sent -= view.nbytes
+            continue
+        rest.append(view[sent:])
+        sent = 0
+    return rest

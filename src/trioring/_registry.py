@@ -4,10 +4,13 @@ here, with the reason when one cannot (like ``torch.distributed.is_gloo_availabl
 from __future__ import annotations
 
 import importlib.metadata
+import os
 from typing import Literal, final
 
 import attrs
 
+from . import _cma
+from ._config import DEFAULT_SPIN_US, spin_seconds
 from ._errors import ConfigurationError, TransportUnavailable
 from .transports import MemoryTransport, TcpTransport, Transport, UnixTransport
 
@@ -118,18 +121,59 @@ def _row(entry: _Entry) -> Capability:
     )
 
 
+def _spin_unavailable() -> str | None:
+    try:
+        seconds = spin_seconds(os.environ)
+    except ConfigurationError as exc:
+        return str(exc)
+    if seconds:
+        return None
+    if os.environ.get("TRIORING_SPIN_US", "").strip():
+        return "turned off by TRIORING_SPIN_US=0"
+    return "this process may run on one CPU only, where polling would only delay the peer"
+
+
+def _features() -> list[Capability]:
+    return [
+        Capability(
+            name=name,
+            kind="feature",
+            available=reason is None,
+            reason=reason,
+            description=description,
+            origin="builtin",
+        )
+        for name, reason, description in (
+            (
+                "cma",
+                _cma.unavailable_reason(),
+                "large collectives between ranks on one host (unix) copy straight from "
+                "peers' memory (process_vm_readv); off with TRIORING_CMA=0",
+            ),
+            (
+                "spin",
+                _spin_unavailable(),
+                f"receives poll up to TRIORING_SPIN_US us (default {DEFAULT_SPIN_US}) before "
+                "they park; 0 turns it off",
+            ),
+        )
+    ]
+
+
 def capabilities() -> tuple[Capability, ...]:
-    """Everything trioring knows about, available here or not, in a stable order (built-ins
-    first). Never raises: a plugin that fails to load is listed as unavailable with the
-    error as its reason."""
-    return tuple(_row(entry) for entry in _entries().values())
+    """Everything trioring knows about, available here or not, in a stable order (built-in
+    transports, then registered and plugin ones, then features). Never raises: a plugin
+    that fails to load is listed as unavailable with the error as its reason."""
+    return (*(_row(entry) for entry in _entries().values()), *_features())
 
 
 def is_available(name: str) -> bool:
     """Whether the transport or feature ``name`` can be used here. Unknown names are not
     available. :func:`capabilities` says why not."""
     entry = _entries().get(name)
-    return entry is not None and _row(entry).available
+    if entry is not None:
+        return _row(entry).available
+    return any(row.name == name and row.available for row in _features())
 
 
 def get_transport(name: str, *, source: str | None = None) -> type[Transport]:

@@ -1,0 +1,104 @@
+"""Cross-memory attach: copy bytes straight out of a peer process's memory
+(``process_vm_readv``, Linux), so large collectives between ranks on one host copy each byte
+once instead of twice (into a socket buffer, then out of it).
+
+Only ranks connected by Unix sockets use it: the kernel then tells us each peer's pid
+(``SO_PEERCRED``), so we never trust a pid from the wire. The kernel allows the read only
+where we could ptrace the peer anyway (same user, not made undumpable; Yama and seccomp may
+forbid it), which :func:`probe` checks for each pair of ranks when a communicator opens.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import os
+import struct
+import sys
+from typing import TYPE_CHECKING, final
+
+if TYPE_CHECKING:
+    import trio
+
+__all__ = ["CmaError", "peer_pid", "read_into", "unavailable_reason"]
+
+
+@final
+class CmaError(OSError):
+    """A cross-memory read failed (the peer exited, or its buffer is gone)."""
+
+
+class _IOVec(ctypes.Structure):
+    _fields_ = (("base", ctypes.c_void_p), ("length", ctypes.c_size_t))
+
+
+def _load() -> tuple[object | None, str | None]:
+    if not sys.platform.startswith("linux"):
+        return None, f"process_vm_readv is Linux-only (this is {sys.platform})"
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+        function = libc.process_vm_readv
+    except (OSError, AttributeError) as exc:
+        return None, f"libc has no process_vm_readv: {exc}"
+    function.restype = ctypes.c_ssize_t
+    function.argtypes = (
+        ctypes.c_int,
+        ctypes.POINTER(_IOVec),
+        ctypes.c_ulong,
+        ctypes.POINTER(_IOVec),
+        ctypes.c_ulong,
+        ctypes.c_ulong,
+    )
+    return function, None
+
+
+_readv, _load_error = _load()
+
+
+def _self_test() -> str | None:
+    if _readv is None:
+        return _load_error
+    source = ctypes.create_string_buffer(b"trioring", 8)
+    target = ctypes.create_string_buffer(8)
+    try:
+        read_into(os.getpid(), ctypes.addressof(source), ctypes.addressof(target), 8)
+    except CmaError as exc:
+        return f"process_vm_readv is not permitted here ({exc.strerror}; seccomp or a sandbox?)"
+    if target.raw != source.raw:  # pragma: no cover - the kernel would be broken
+        return "process_vm_readv returned wrong data"
+    return None
+
+
+def unavailable_reason() -> str | None:
+    """Why cross-memory attach cannot work in this process; None if it can (between ranks
+    of the same user; :func:`probe`-style checks per peer still apply)."""
+    if os.environ.get("TRIORING_CMA", "").strip() == "0":
+        return "turned off by TRIORING_CMA=0"
+    return _self_test()
+
+
+def read_into(pid: int, remote: int, local: int, nbytes: int) -> None:
+    """Copy ``nbytes`` from address ``remote`` in process ``pid`` to address ``local`` here.
+    Raises :class:`CmaError` (with the errno) if the kernel refuses or copies short."""
+    assert _readv is not None
+    done = 0
+    while done < nbytes:
+        local_iov = _IOVec(local + done, nbytes - done)
+        remote_iov = _IOVec(remote + done, nbytes - done)
+        got = _readv(pid, ctypes.byref(local_iov), 1, ctypes.byref(remote_iov), 1, 0)  # type: ignore[operator]
+        if got < 0:
+            code = ctypes.get_errno()
+            raise CmaError(code, os.strerror(code))
+        if got == 0:
+            raise CmaError(errno.EFAULT, "the peer's buffer ended early")
+        done += got
+
+
+def peer_pid(sock: trio.socket.SocketType) -> int:
+    """The pid of the process at the other end of a connected Unix socket, from the kernel."""
+    import socket
+
+    creds = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid: int = struct.unpack("3i", creds)[0]
+    return pid

@@ -1,0 +1,114 @@
+"""The gated fast paths (cross-memory attach, bounded polling) and their fallbacks.
+
+Real ranks under ``trioring run`` run tests/workers/stress_worker.py, which overwrites arrays
+the moment each collective returns (see its docstring), for worlds 2 to 4, with the fast
+paths on, off, and refused by a single rank (then every rank must fall back).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import trioring
+from trioring import _cma
+from trioring._config import spin_seconds
+
+WORKER = Path(__file__).parent / "workers" / "stress_worker.py"
+ITERATIONS = 30
+CMA_HERE = trioring.is_available("cma")
+
+
+def run_stress(
+    tmp_path: Path, n: int, *, env: dict[str, str] | None = None, transport: str = "unix"
+) -> list[dict[str, object]]:
+    args = [sys.executable, "-m", "trioring", "run", "-n", str(n), "--transport", transport]
+    args += ["--no-tag-output", str(WORKER), str(ITERATIONS), str(tmp_path)]
+    process = subprocess.Popen(
+        args,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+    assert process.returncode == 0, output
+    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(n)]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_arrays_overwritten_on_return_with_fast_paths(tmp_path: Path, n: int) -> None:
+    reports = run_stress(tmp_path, n)
+    assert all(report["errors"] == [] for report in reports)
+    for report in reports:
+        assert ("cma" in report["features"]) is CMA_HERE  # type: ignore[operator]
+
+
+def test_fallback_when_turned_off(tmp_path: Path) -> None:
+    reports = run_stress(tmp_path, 3, env={"TRIORING_CMA": "0", "TRIORING_SPIN_US": "0"})
+    assert [report["features"] for report in reports] == [[], [], []]
+    assert all(report["errors"] == [] for report in reports)
+
+
+def test_one_rank_refusing_makes_every_rank_fall_back(tmp_path: Path) -> None:
+    reports = run_stress(tmp_path, 3, env={"STRESS_NO_CMA_RANK": "1"})
+    assert all("cma" not in report["features"] for report in reports)  # type: ignore[operator]
+    assert all(report["errors"] == [] for report in reports)
+
+
+def test_tcp_never_uses_cross_memory_attach(tmp_path: Path) -> None:
+    reports = run_stress(tmp_path, 2, transport="tcp")
+    assert all("cma" not in report["features"] for report in reports)  # type: ignore[operator]
+    assert all(report["errors"] == [] for report in reports)
+
+
+def test_capability_rows() -> None:
+    rows = {row.name: row for row in trioring.capabilities()}
+    for name in ("cma", "spin"):
+        assert rows[name].kind == "feature"
+        assert rows[name].available == trioring.is_available(name)
+        assert (rows[name].reason is None) == rows[name].available
+
+
+def test_cma_turned_off_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRIORING_CMA", "0")
+    row = next(row for row in trioring.capabilities() if row.name == "cma")
+    assert not row.available
+    assert row.reason == "turned off by TRIORING_CMA=0"
+
+
+@pytest.mark.skipif(not CMA_HERE, reason="process_vm_readv is not permitted on this machine")
+def test_cma_reads_and_reports_errors() -> None:
+    source = np.arange(1000, dtype=np.int64)
+    target = np.zeros_like(source)
+    _cma.read_into(os.getpid(), source.ctypes.data, target.ctypes.data, source.nbytes)
+    assert np.array_equal(source, target)
+    with pytest.raises(_cma.CmaError) as info:
+        _cma.read_into(os.getpid(), 8, target.ctypes.data, 8)  # unmapped address
+    assert info.value.errno == errno.EFAULT
+    with pytest.raises(_cma.CmaError) as info:
+        _cma.read_into(2**22 + 12345, 8, ctypes.addressof(ctypes.c_int64()), 8)
+    assert info.value.errno == errno.ESRCH
+
+
+def test_spin_setting() -> None:
+    assert spin_seconds({"TRIORING_SPIN_US": "0"}) == 0.0
+    assert spin_seconds({"TRIORING_SPIN_US": "120"}) == pytest.approx(120e-6)
+    for bad in ("-1", "abc", "1e3", "20000"):
+        with pytest.raises(trioring.ConfigurationError, match="TRIORING_SPIN_US"):
+            spin_seconds({"TRIORING_SPIN_US": bad})

@@ -1,0 +1,77 @@
+"""One rank of tests/test_fastpaths.py: collectives whose arrays are overwritten the moment
+each call returns.
+
+``python stress_worker.py ITERATIONS OUT_DIR`` under ``trioring run``. Iteration i uses an odd
+element count and a dtype chosen from i, an allreduce (exact integer sums, or float min/max)
+and a broadcast from root ``i % n``. In each iteration about half of the ranks (roles rotate) check
+their result against numpy, and the other half overwrite their array with garbage as soon as
+the call returns: a rank that returned while a peer could still read its array would corrupt
+that peer's result, which the peer's check catches. ``STRESS_NO_CMA_RANK=r`` makes rank r
+refuse cross-memory attach, so every rank must fall back. Writes ``rank{r}.json`` (errors and
+the communicator's features) and exits 1 if any result was wrong.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import trio
+
+import trioring
+
+DTYPES = ("int64", "int32", "float64", "float32", "uint8")
+
+
+def make(i: int, rank: int, count: int, dtype: np.dtype) -> np.ndarray:
+    rng = np.random.default_rng([i, rank])
+    if dtype.kind == "f":
+        return rng.standard_normal(count).astype(dtype)
+    # Small values: an exact sum in every dtype (uint8 wraps identically everywhere anyway).
+    return rng.integers(0, 50, count).astype(dtype)
+
+
+async def main(iterations: int, out_dir: Path) -> int:
+    rank = int(os.environ["RANK"])
+    if os.environ.get("STRESS_NO_CMA_RANK") == str(rank):
+        os.environ["TRIORING_CMA"] = "0"
+    errors: list[str] = []
+    with trio.fail_after(120):
+        async with trioring.open_communicator() as comm:
+            n = comm.world_size
+            for i in range(iterations):
+                dtype = np.dtype(DTYPES[i % len(DTYPES)])
+                # Odd counts from a few elements to ~8 MB: every path (recursive
+                # doubling, ring or cross-memory attach, uneven segments) is exercised.
+                count = [3, 1001, 65_537, 1_000_001, 8_000_001][i % 5] // dtype.itemsize | 1
+                op = "sum" if dtype.kind in "iu" else ("min", "max")[i % 2]
+                inputs = [make(i, q, count, dtype) for q in range(n)]
+                checker = (rank + i // n) % 2 == 0
+                array = inputs[rank].copy()
+                await comm.allreduce(array, op=op)
+                if not checker:
+                    array.fill(7)
+                else:
+                    with np.errstate(all="ignore"):
+                        ufunc = {"sum": np.add, "min": np.minimum, "max": np.maximum}[op]
+                        expected = ufunc.reduce(np.stack(inputs), axis=0, dtype=dtype)
+                    if not np.array_equal(array, expected):
+                        errors.append(f"allreduce #{i} {dtype}[{count}] {op}")
+                root = i % n
+                array = inputs[rank].copy()
+                await comm.broadcast(array, root=root)
+                if not checker:
+                    array.fill(7)
+                elif not np.array_equal(array, inputs[root]):
+                    errors.append(f"broadcast #{i} {dtype}[{count}] root {root}")
+            features = sorted(comm.features)
+    report = {"rank": rank, "errors": errors, "features": features}
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(report))
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(trio.run(main, int(sys.argv[1]), Path(sys.argv[2])))
