@@ -112,3 +112,35 @@ def test_spin_setting() -> None:
     for bad in ("-1", "abc", "1e3", "20000"):
         with pytest.raises(trioring.ConfigurationError, match="TRIORING_SPIN_US"):
             spin_seconds({"TRIORING_SPIN_US": bad})
+
+
+async def test_collectives_over_sockets_are_checkpoints_even_when_data_is_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two ranks as tasks of one process over real Unix sockets: whichever rank finds its
+    peer's frame already waiting completes without parking, and must still checkpoint."""
+    import trio
+    import trio.testing
+
+    monkeypatch.setenv("TRIORING_SOCKET_DIR", str(tmp_path))
+    for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    results: dict[int, list[float]] = {}
+
+    async def rank(r: int) -> None:
+        async with trioring.open_communicator(rank=r, world_size=2, transport="unix") as comm:
+            x = np.full(3, r + 1.0)
+            for _ in range(20):
+                with trio.testing.assert_checkpoints():
+                    await comm.allreduce(x)
+                with trio.testing.assert_checkpoints():
+                    await comm.barrier()
+                with trio.testing.assert_checkpoints():
+                    await comm.broadcast(x, root=1)
+            results[r] = x.tolist()
+
+    with trio.fail_after(30):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(rank, 0)
+            nursery.start_soon(rank, 1)
+    assert results[0] == results[1] == [3.0 * 2**19] * 3

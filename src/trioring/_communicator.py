@@ -428,11 +428,13 @@ class Communicator(metaclass=NoPublicConstructor):
         self._seq += 1
         spec = make_spec(seq=self._seq)
         self._running = spec
+        parks = self._parks()
         try:
             await body(spec)
-            # Every public async function must be a schedule point, and a collective whose
-            # data was all there at once (or a world of one) may not have yielded yet.
-            await trio.lowlevel.cancel_shielded_checkpoint()
+            if self._parks() == parks:
+                # Every public async function must be a schedule point, and a collective
+                # whose data was all there at once (or a world of one) has not yielded yet.
+                await trio.lowlevel.cancel_shielded_checkpoint()
         except CollectiveError as exc:
             cause = await self._relayed_cause(exc, spec)
             await self._break(cause, spec)
@@ -445,6 +447,9 @@ class Communicator(metaclass=NoPublicConstructor):
             raise
         finally:
             self._running = None
+
+    def _parks(self) -> int:
+        return sum(link.parks for link in self._links.values())
 
     async def _relayed_cause(self, error: CollectiveError, spec: OpSpec) -> CollectiveError:
         """A lost connection is often the echo of a failure elsewhere: a neighbour broke

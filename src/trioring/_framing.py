@@ -157,6 +157,8 @@ class Link:
         self.receiving = False
         #: Bounded poll before a receive parks (see _recv_some); set from the config.
         self.spin_seconds = 0.0
+        #: How many times this link waited in the event loop (each wait is a checkpoint).
+        self.parks = 0
         self._send_header = bytearray(HEADER.size)
         self._send_header_view = memoryview(self._send_header)
         self._fast = connection if isinstance(connection, SocketConnection) else None
@@ -259,8 +261,16 @@ class Link:
         # nothing was sent: then the abort frame can still go out on it.
         await trio.lowlevel.checkpoint_if_cancelled()
         self.send_clean = False
+        fast = self._fast
         try:
-            await self.connection.send_all(*views)
+            if fast is None:
+                self.parks += 1
+                await self.connection.send_all(*views)
+            else:
+                while views:
+                    self.parks += 1
+                    await fast.wait_writable()
+                    views = _advance(views, fast.send_nowait(views))
         except trio.BrokenResourceError as exc:
             await self._raise_pending_abort(spec)
             raise self._failed(spec, f"broke while sending: {exc}") from exc
@@ -327,16 +337,22 @@ class Link:
         sooner than a wake-up through the event loop would deliver it."""
         fast = self._fast
         try:
-            if fast is not None:
+            if fast is None:
+                self.parks += 1
+                return await self.connection.recv_into(view)
+            got = fast.recv_nowait(view)
+            if got is None and self.spin_seconds:
+                deadline = time.perf_counter() + self.spin_seconds
+                while got is None and time.perf_counter() < deadline:
+                    os.sched_yield()
+                    got = fast.recv_nowait(view)
+            while got is None:
+                # Straight to the event loop: one pass through the scheduler per wake-up,
+                # where the socket's own recv_into would add a second one.
+                self.parks += 1
+                await fast.wait_readable()
                 got = fast.recv_nowait(view)
-                if got is None and self.spin_seconds:
-                    deadline = time.perf_counter() + self.spin_seconds
-                    while got is None and time.perf_counter() < deadline:
-                        os.sched_yield()
-                        got = fast.recv_nowait(view)
-                if got is not None:
-                    return got
-            return await self.connection.recv_into(view)
+            return got
         except trio.BrokenResourceError as exc:
             raise self._failed(spec, f"broke while receiving {what}: {exc}") from exc
         except trio.ClosedResourceError as exc:

@@ -108,6 +108,19 @@ class SocketConnection(Connection):
                 raise trio.ClosedResourceError("connection was closed") from None
             raise trio.BrokenResourceError(f"receive failed: {exc}") from exc
 
+    async def wait_readable(self) -> None:
+        """Park until the socket is readable (a checkpoint). Raises
+        :class:`trio.ClosedResourceError` if it is or gets closed."""
+        if self._fd < 0:
+            raise trio.ClosedResourceError("connection was closed")
+        await trio.lowlevel.wait_readable(self._fd)
+
+    async def wait_writable(self) -> None:
+        """Park until the socket is writable (a checkpoint); closed as :meth:`wait_readable`."""
+        if self._fd < 0:
+            raise trio.ClosedResourceError("connection was closed")
+        await trio.lowlevel.wait_writable(self._fd)
+
     async def aclose(self) -> None:
         # Forget the number first: once closed, the kernel may give it to another file.
         self._fd = -1
