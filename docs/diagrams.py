@@ -1,0 +1,344 @@
+"""Draw the SVG diagrams of docs/explanation/algorithms.md.
+
+    python docs/diagrams.py            # rewrite docs/explanation/diagrams/*.svg
+    python docs/diagrams.py OUT_DIR    # write them somewhere else
+
+Each diagram is computed from the algorithm's own rules (the binomial tree from
+``trioring._algorithms.tree_neighbours`` itself), not drawn by hand, and the output is
+byte-for-byte reproducible: ``tests/test_docs.py`` regenerates the files and compares. The
+SVGs are plain (no scripts, fonts or links), so the pages need no network to show them.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from xml.sax.saxutils import escape
+
+from trioring._algorithms import tree_neighbours
+
+OUT = Path(__file__).parent / "explanation" / "diagrams"
+
+FONT = "font-family:DejaVu Sans,Helvetica,Arial,sans-serif"
+MONO = "font-family:DejaVu Sans Mono,Menlo,Consolas,monospace"
+INK = "#263238"
+MUTED = "#607d8b"
+SEND = "#1565c0"
+PARTIAL = "#ffe0b2"
+DONE = "#c8e6c9"
+ACCENT = "#e65100"
+
+
+class Svg:
+    """A tiny SVG writer: integer coordinates only, so the output is reproducible."""
+
+    def __init__(self, width: int, height: int, title: str) -> None:
+        self.width, self.height = width, height
+        self.parts = [
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'viewBox="0 0 {width} {height}" role="img">',
+            f"<title>{escape(title)}</title>",
+            "<defs>",
+            self._marker("arrow", SEND),
+            self._marker("arrow-muted", MUTED),
+            "</defs>",
+            f'<rect width="{width}" height="{height}" fill="#ffffff"/>',
+        ]
+
+    @staticmethod
+    def _marker(name: str, colour: str) -> str:
+        return (
+            f'<marker id="{name}" viewBox="0 0 10 10" refX="9" refY="5" markerWidth="7" '
+            f'markerHeight="7" orient="auto-start-reverse">'
+            f'<path d="M0,0 L10,5 L0,10 z" fill="{colour}"/></marker>'
+        )
+
+    def text(
+        self,
+        x: int,
+        y: int,
+        content: str,
+        *,
+        size: int = 13,
+        anchor: str = "middle",
+        mono: bool = False,
+        bold: bool = False,
+        colour: str = INK,
+    ) -> None:
+        weight = ";font-weight:bold" if bold else ""
+        self.parts.append(
+            f'<text x="{x}" y="{y}" text-anchor="{anchor}" fill="{colour}" '
+            f'style="{MONO if mono else FONT};font-size:{size}px{weight}">{escape(content)}</text>'
+        )
+
+    def rect(self, x: int, y: int, w: int, h: int, *, fill: str, stroke: str = MUTED) -> None:
+        width = 2 if stroke == ACCENT else 1
+        self.parts.append(
+            f'<rect x="{x}" y="{y}" width="{w}" height="{h}" fill="{fill}" stroke="{stroke}" '
+            f'stroke-width="{width}"/>'
+        )
+
+    def circle(self, x: int, y: int, r: int, *, fill: str = "#eceff1") -> None:
+        self.parts.append(
+            f'<circle cx="{x}" cy="{y}" r="{r}" fill="{fill}" stroke="{INK}" stroke-width="1.5"/>'
+        )
+
+    def arrow(
+        self,
+        x1: int,
+        y1: int,
+        x2: int,
+        y2: int,
+        *,
+        both: bool = False,
+        muted: bool = False,
+        dashed: bool = False,
+    ) -> None:
+        marker = "arrow-muted" if muted else "arrow"
+        start = f' marker-start="url(#{marker})"' if both else ""
+        dash = ' stroke-dasharray="5,4"' if dashed else ""
+        self.parts.append(
+            f'<line x1="{x1}" y1="{y1}" x2="{x2}" y2="{y2}" stroke="{MUTED if muted else SEND}" '
+            f'stroke-width="1.8"{dash}{start} marker-end="url(#{marker})"/>'
+        )
+
+    def line(self, x1: int, y1: int, x2: int, y2: int, *, colour: str = "#cfd8dc") -> None:
+        self.parts.append(
+            f'<line x1="{x1}" y1="{y1}" x2="{x2}" y2="{y2}" stroke="{colour}" stroke-width="1"/>'
+        )
+
+    def render(self) -> str:
+        return "\n".join([*self.parts, "</svg>", ""])
+
+
+# -- ring allreduce --------------------------------------------------------------------------
+
+
+def ring_allreduce(n: int = 4) -> str:
+    """Reduce-scatter, then all-gather, on ``n`` ranks whose arrays are cut into ``n``
+    segments; ``_algorithms.ring_allreduce``'s indices: in reduce-scatter step s rank q sends
+    segment (q - s) mod n, in all-gather step t it sends segment (q - t + 1) mod n."""
+    cell_w, cell_h, gap, left, top = 74, 20, 40, 112, 44
+    panel_h = n * cell_h + 34
+    steps = 2 * (n - 1)
+    width = left + n * cell_w + (n - 1) * gap + 56
+    height = top + (steps + 1) * panel_h + 30
+    svg = Svg(width, height, f"Ring allreduce on {n} ranks")
+    contents = [[{q} for _ in range(n)] for q in range(n)]  # contents[rank][segment]
+
+    def column(q: int) -> int:
+        return left + q * (cell_w + gap)
+
+    for q in range(n):
+        svg.text(column(q) + cell_w // 2, 22, f"rank {q}", bold=True)
+
+    for step in range(steps + 1):
+        y0 = top + step * panel_h
+        received: dict[int, int] = {}  # rank -> the segment it received in this step
+        if step == 0:
+            title = "start: every rank holds its own array"
+        elif step < n:
+            s = step - 1
+            title = f"reduce-scatter step {step} of {n - 1}: receive a segment, add own values"
+            sends = {q: (q - s) % n for q in range(n)}
+            for q, segment in sends.items():
+                received[(q + 1) % n] = segment
+            for q, segment in received.items():
+                contents[q][segment] = contents[(q - 1) % n][segment] | contents[q][segment]
+        else:
+            t = step - n
+            title = f"all-gather step {t + 1} of {n - 1}: receive a finished segment, copy it"
+            sends = {q: (q - t + 1) % n for q in range(n)}
+            for q, segment in sends.items():
+                received[(q + 1) % n] = segment
+            for q, segment in received.items():
+                contents[q][segment] = set(contents[(q - 1) % n][segment])
+        svg.text(left - 8, y0 + 14, title, anchor="start", size=12, bold=True)
+        for q in range(n):
+            for segment in range(n):
+                x, y = column(q), y0 + 22 + segment * cell_h
+                cell = contents[q][segment]
+                fill = DONE if len(cell) == n else PARTIAL if len(cell) > 1 else "#ffffff"
+                stroke = ACCENT if received.get(q) == segment else MUTED
+                svg.rect(x, y, cell_w, cell_h, fill=fill, stroke=stroke)
+                label = "+".join(str(c) for c in sorted(cell))
+                svg.text(x + cell_w // 2, y + 14, label, size=11, mono=True, bold=len(cell) == n)
+            if q == 0:
+                for segment in range(n):
+                    svg.text(
+                        8, y0 + 36 + segment * cell_h, f"seg {segment}", size=10, anchor="start"
+                    )
+        for q, segment in received.items():
+            y = y0 + 22 + segment * cell_h + cell_h // 2
+            if q == 0:  # from the last rank, around the ring
+                svg.arrow(column(n - 1) + cell_w + 4, y, column(n - 1) + cell_w + 40, y)
+                svg.text(column(n - 1) + cell_w + 44, y + 4, "0", size=11, anchor="start")
+                svg.arrow(left - 44, y, left - 4, y)
+                svg.text(left - 48, y + 4, str(n - 1), size=11, anchor="end")
+            else:
+                svg.arrow(column(q - 1) + cell_w + 4, y, column(q) - 4, y)
+    legend_y = height - 12
+    svg.rect(left - 8, legend_y - 11, 14, 12, fill=PARTIAL)
+    svg.text(left + 12, legend_y, "partly reduced", size=11, anchor="start")
+    svg.rect(left + 122, legend_y - 11, 14, 12, fill=DONE)
+    svg.text(left + 142, legend_y, "finished (all ranks)", size=11, anchor="start")
+    svg.rect(left + 282, legend_y - 11, 14, 12, fill="#ffffff", stroke=ACCENT)
+    svg.text(left + 302, legend_y, "received in this step", size=11, anchor="start")
+    return svg.render()
+
+
+# -- recursive doubling ------------------------------------------------------------------------
+
+
+def recursive_doubling(n: int = 6) -> str:
+    """``_algorithms.recursive_doubling_allreduce``: ranks p..n-1 fold into r - p, the first
+    p (a power of two) exchange with r XOR 2^k, then the folded ranks get the result."""
+    p = 1 << (n.bit_length() - 1)
+    extra = n - p
+    fold_out_step = p.bit_length() + 1
+    phases: list[tuple[str, str, list[tuple[int, int]], bool]] = []
+    if extra:
+        phases.append(("fold in", "offset 0", [(r, r - p) for r in range(p, n)], False))
+    distance, step = 1, 1
+    while distance < p:
+        pairs = [(r, r ^ distance) for r in range(p) if r < r ^ distance]
+        phases.append((f"round {step}", f"offset {step}", pairs, True))
+        distance, step = distance * 2, step + 1
+    if extra:
+        phases.append(
+            ("fold out", f"offset {fold_out_step}", [(r, r + p) for r in range(extra)], False)
+        )
+    row_h, left, top, phase_w = 44, 80, 58, 150
+    width = left + len(phases) * phase_w + 20
+    height = top + n * row_h + 16
+    svg = Svg(width, height, f"Recursive doubling allreduce on {n} ranks")
+    for r in range(n):
+        y = top + r * row_h
+        svg.text(left - 16, y + 5, f"rank {r}", anchor="end", bold=True)
+        svg.line(left - 8, y, width - 16, y)
+    for index, (name, offset, pairs, exchange) in enumerate(phases):
+        x0 = left + index * phase_w
+        svg.text(x0 + phase_w // 2, 20, name, bold=True)
+        svg.text(x0 + phase_w // 2, 38, offset, size=11, colour=MUTED, mono=True)
+        spread = phase_w // (len(pairs) + 1)
+        for k, (a, b) in enumerate(sorted(pairs, key=lambda pair: min(pair))):
+            x = x0 + spread * (k + 1)
+            ya, yb = top + a * row_h, top + b * row_h
+            direction = 1 if yb > ya else -1
+            svg.circle(x, ya, 4, fill=SEND)
+            svg.arrow(x, ya + 6 * direction, x, yb - 6 * direction, both=exchange)
+            svg.circle(x, yb, 4, fill=SEND)
+    return svg.render()
+
+
+# -- binomial tree ---------------------------------------------------------------------------
+
+
+def binomial_tree(n: int = 8, root: int = 0) -> str:
+    """The broadcast tree, from ``tree_neighbours`` itself; levels are hops from the root."""
+    children = {r: tree_neighbours(r, n, root)[1] for r in range(n)}
+    depth = {root: 0}
+    order: list[int] = []
+
+    def visit(r: int) -> None:
+        order.append(r)
+        for child in children[r]:
+            depth[child] = depth[r] + 1
+            visit(child)
+
+    visit(root)
+    leaves = [r for r in order if not children[r]]
+    x_of: dict[int, int] = {}
+    slot_w, left, top, level_h = 84, 50, 44, 86
+
+    def place(r: int) -> int:
+        if not children[r]:
+            x_of[r] = left + leaves.index(r) * slot_w
+        else:
+            xs = [place(child) for child in children[r]]
+            x_of[r] = (min(xs) + max(xs)) // 2
+        return x_of[r]
+
+    place(root)
+    levels = max(depth.values())
+    width = left * 2 + (len(leaves) - 1) * slot_w
+    height = top + levels * level_h + 40
+    svg = Svg(width, height, f"Binomial broadcast tree, {n} ranks, root {root}")
+    for level in range(1, levels + 1):
+        y = top + level * level_h
+        svg.text(8, y - level_h // 2 + 4, f"hop {level}", anchor="start", size=11, colour=MUTED)
+    for r in order:
+        for child in children[r]:
+            x1, y1 = x_of[r], top + depth[r] * level_h
+            x2, y2 = x_of[child], top + depth[child] * level_h
+            length = math.hypot(x2 - x1, y2 - y1)
+            dx, dy = (x2 - x1) / length, (y2 - y1) / length
+            svg.arrow(
+                round(x1 + dx * 20), round(y1 + dy * 20), round(x2 - dx * 21), round(y2 - dy * 21)
+            )
+    for r in order:
+        fill = DONE if r == root else "#eceff1"
+        svg.circle(x_of[r], top + depth[r] * level_h, 18, fill=fill)
+        svg.text(x_of[r], top + depth[r] * level_h + 5, str(r), bold=True)
+    return svg.render()
+
+
+# -- dissemination barrier -------------------------------------------------------------------
+
+
+def dissemination_barrier(n: int = 5) -> str:
+    """``_algorithms.barrier``: in round k every rank sends a token to rank + 2^k."""
+    distances = []
+    d = 1
+    while d < n:
+        distances.append(d)
+        d *= 2
+    panel, radius, top = 210, 70, 40
+    width, height = panel * len(distances), top + 2 * radius + 70
+    svg = Svg(width, height, f"Dissemination barrier on {n} ranks")
+    for k, distance in enumerate(distances):
+        cx, cy = k * panel + panel // 2, top + radius + 20
+        svg.text(cx, 22, f"round {k}: r \u2192 r + {distance} mod {n}", bold=True)
+        points = [
+            (
+                round(cx + radius * math.sin(2 * math.pi * r / n)),
+                round(cy - radius * math.cos(2 * math.pi * r / n)),
+            )
+            for r in range(n)
+        ]
+        for r in range(n):
+            (x1, y1), (x2, y2) = points[r], points[(r + distance) % n]
+            length = math.hypot(x2 - x1, y2 - y1)
+            dx, dy = (x2 - x1) / length, (y2 - y1) / length
+            svg.arrow(
+                round(x1 + dx * 16), round(y1 + dy * 16), round(x2 - dx * 17), round(y2 - dy * 17)
+            )
+        for r, (x, y) in enumerate(points):
+            svg.circle(x, y, 14)
+            svg.text(x, y + 5, str(r), bold=True)
+        svg.text(cx, height - 14, f"token offset {k}", size=11, colour=MUTED, mono=True)
+    return svg.render()
+
+
+DIAGRAMS = {
+    "ring-allreduce.svg": ring_allreduce,
+    "recursive-doubling.svg": recursive_doubling,
+    "binomial-tree.svg": binomial_tree,
+    "dissemination-barrier.svg": dissemination_barrier,
+}
+
+
+def write_all(out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, draw in DIAGRAMS.items():
+        path = out / name
+        path.write_text(draw(), encoding="utf-8", newline="\n")
+        written.append(path)
+    return written
+
+
+if __name__ == "__main__":
+    for path in write_all(Path(sys.argv[1]) if len(sys.argv) > 1 else OUT):
+        print(path)
