@@ -5,6 +5,8 @@
 #   make test    the test suite
 #   make lint    ruff (lint + format check) and mypy --strict
 #   make docs    build the documentation site (strict) into site/; `make serve` to browse it
+#   make bench   trioring vs torch.distributed Gloo on this machine (worlds 2 and 4, ~10 min);
+#                writes bench/results/*.json and the plots and table of docs/performance.md
 #   make clean   remove .venv, caches and build outputs
 #
 # Use another interpreter with e.g. `make test PYTHON=python3.12` (after `make clean` if
@@ -21,7 +23,7 @@ INSTALL_STAMP = $(VENV)/.stamp-install-$(1)
 
 .DEFAULT_GOAL := help
 .DELETE_ON_ERROR:
-.PHONY: help demo test lint docs serve clean
+.PHONY: help demo test lint docs serve bench clean
 
 help:
 	@sed -n 's/^#   //p' $(firstword $(MAKEFILE_LIST))
@@ -84,6 +86,19 @@ docs: $(call INSTALL_STAMP,dev)
 
 serve: $(call INSTALL_STAMP,dev)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
+$(call INSTALL_STAMP,bench): pyproject.toml $(VENV_STAMP)
+	$(BIN)/python -m pip install --quiet -e .
+	$(BIN)/python -m pip install --quiet --group bench
+	@touch $@
+
+BENCH_SIZES ?= 4:64M
+bench: $(call INSTALL_STAMP,bench)
+	@mkdir -p bench/results
+	$(BIN)/python bench/compare.py -n 2 --sizes $(BENCH_SIZES) --rounds 3 --json bench/results/compare_w2.json
+	$(BIN)/python bench/compare.py -n 4 --sizes $(BENCH_SIZES) --rounds 3 --json bench/results/compare_w4.json
+	$(BIN)/python bench/budget.py --json bench/results/budget.json
+	$(BIN)/python bench/plot.py bench/results/compare_w2.json bench/results/compare_w4.json
 
 clean:
 	rm -rf $(VENV) build dist site .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,130 @@
+"""Plots and a results table for docs/performance.md, from bench/compare.py's JSON.
+
+    .venv/bin/python bench/plot.py bench/results/compare_w2.json bench/results/compare_w4.json
+
+Writes ``docs/performance/busbw.svg`` (bus bandwidth against size, trioring and Gloo, one
+panel per collective and world size), ``docs/performance/time.svg`` (time ratio trioring /
+Gloo) and ``docs/performance/results.md`` (the table the page includes). Needs matplotlib
+(the ``bench`` dependency group).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("svg")
+import matplotlib.pyplot as plt
+
+ROOT = Path(__file__).parent.parent
+OUT = ROOT / "docs" / "performance"
+sys.path.insert(0, str(ROOT / "src"))
+from trioring._bench import format_size  # noqa: E402
+
+
+def busbw(collective: str, size: int, n: int, us: float) -> float:
+    factor = 2 * (n - 1) / n if collective == "allreduce" else 1.0
+    return size / (us * 1e-6) / 1e9 * factor
+
+
+def load(paths: list[str]) -> list[dict]:
+    cells = []
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        for cell in data["cells"]:
+            cell["socket_limit_GBps"] = data["socket_limit_GBps"]
+            cells.append(cell)
+    return cells
+
+
+def plot_busbw(cells: list[dict]) -> None:
+    worlds = sorted({c["world_size"] for c in cells})
+    collectives = ["allreduce", "broadcast"]
+    fig, axes = plt.subplots(
+        len(worlds), 2, figsize=(10, 3.6 * len(worlds)), squeeze=False, layout="constrained"
+    )
+    for row, n in enumerate(worlds):
+        for col, collective in enumerate(collectives):
+            ax = axes[row][col]
+            mine = sorted(
+                (c for c in cells if c["world_size"] == n and c["collective"] == collective),
+                key=lambda c: c["size"],
+            )
+            sizes = [c["size"] for c in mine]
+            for name, key, style in (("trioring", "trioring_us", "o-"), ("Gloo", "gloo_us", "s--")):
+                ax.plot(
+                    sizes,
+                    [busbw(collective, c["size"], n, c[key]) for c in mine],
+                    style,
+                    label=name,
+                )
+            ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.set_xticks(sizes, [format_size(s) for s in sizes], rotation=45)
+            ax.set_title(f"{collective}, world {n}")
+            ax.set_xlabel("array size (bytes)")
+            ax.set_ylabel("bus bandwidth (GB/s)")
+            ax.grid(True, which="both", alpha=0.3)
+            ax.legend()
+    fig.savefig(OUT / "busbw.svg", metadata={"Date": None})
+    plt.close(fig)
+
+
+def plot_ratio(cells: list[dict]) -> None:
+    fig, ax = plt.subplots(figsize=(10, 4), layout="constrained")
+    for n in sorted({c["world_size"] for c in cells}):
+        for collective, style in (("allreduce", "o-"), ("broadcast", "s--")):
+            mine = sorted(
+                (c for c in cells if c["world_size"] == n and c["collective"] == collective),
+                key=lambda c: c["size"],
+            )
+            ax.plot(
+                [c["size"] for c in mine],
+                [c["ratio"] for c in mine],
+                style,
+                label=f"{collective}, world {n}",
+            )
+    ax.axhline(1.0, color="gray", linewidth=1)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("array size (bytes)")
+    ax.set_ylabel("time trioring / time Gloo (below 1: trioring faster)")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.savefig(OUT / "time.svg", metadata={"Date": None})
+    plt.close(fig)
+
+
+def table(cells: list[dict]) -> str:
+    lines = [
+        "| collective | world | size | trioring (us) | Gloo (us) | ratio | trioring busbw (GB/s) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for c in sorted(cells, key=lambda c: (c["collective"], c["world_size"], c["size"])):
+        bw = busbw(c["collective"], c["size"], c["world_size"], c["trioring_us"])
+        bw_text = f"{bw:.2f}" if c["size"] else "-"
+        lines.append(
+            f"| {c['collective']} | {c['world_size']} | {format_size(c['size'])} | "
+            f"{c['trioring_us']:.1f} | {c['gloo_us']:.1f} | {c['ratio']:.2f} | {bw_text} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("json", nargs="+", help="files written by bench/compare.py --json")
+    args = parser.parse_args()
+    cells = load(args.json)
+    OUT.mkdir(parents=True, exist_ok=True)
+    plot_busbw([c for c in cells if c["collective"] != "barrier"])
+    plot_ratio([c for c in cells if c["collective"] != "barrier"])
+    (OUT / "results.md").write_text(table(cells))
+    print(f"wrote {OUT / 'busbw.svg'}, {OUT / 'time.svg'}, {OUT / 'results.md'}")
+
+
+if __name__ == "__main__":
+    main()
