@@ -449,6 +449,32 @@ def test_cancelled_collective_aborts_every_peer(
     world_size: int,
     canceller: int,
 ) -> None:
+    check_cancel(forked_worlds, fault_latencies, size, world_size, canceller, late=False)
+
+
+@pytest.mark.parametrize("canceller", positions(4), ids=[f"w4-r{r}" for r in positions(4)])
+@pytest.mark.parametrize("size", list(CANCEL_SIZES))
+def test_cancel_reaches_ranks_waiting_for_a_late_peer(
+    forked_worlds: ForkedWorlds,
+    fault_latencies: dict[str, list[tuple[float, bool | None]]],
+    size: str,
+    canceller: int,
+) -> None:
+    """As above, but the gated rank enters only after every other rank has reported: ranks
+    that were waiting for the gated one must learn of the cancel from the canceller's abort
+    frame alone (or from a rank that relayed it), within 1 s."""
+    check_cancel(forked_worlds, fault_latencies, size, 4, canceller, late=True)
+
+
+def check_cancel(
+    forked_worlds: ForkedWorlds,
+    fault_latencies: dict[str, list[tuple[float, bool | None]]],
+    size: str,
+    world_size: int,
+    canceller: int,
+    *,
+    late: bool,
+) -> None:
     """The canceller leaves an allreduce by ``trio.move_on_after(0.2)``. One other rank (not
     adjacent to it in the ring where there is one) joins only after that, so the canceller
     cannot have finished; the rest were inside already. Every other rank raises
@@ -465,7 +491,13 @@ def test_cancelled_collective_aborts_every_peer(
         "cancel",
         world_size=world_size,
         mode="tcp" if world_size == 2 else "unix-dir",
-        args=[str(canceller), str(gated), str(CANCEL_SIZES[size]), str(CANCEL_AFTER_S)],
+        args=[
+            str(canceller),
+            str(gated),
+            str(CANCEL_SIZES[size]),
+            str(CANCEL_AFTER_S),
+            *(["late"] if late else []),
+        ],
     )
     reports = dict(enumerate(world.finish()))
     for report in reports.values():
@@ -498,7 +530,7 @@ def test_cancelled_collective_aborts_every_peer(
         took[rank] = failed["t1"] - max(deadline, failed["t0"])
         named[rank] = error["peer"] == canceller
         assert_broken_after(report, ("after", "after2") if where == "collective" else ("after2",))
-    record(fault_latencies, f"4 cancel {size} w{world_size}", took, named)
+    record(fault_latencies, f"4 cancel {size}{' late' if late else ''} w{world_size}", took, named)
     for rank, error in errors.items():
         if error["type"] == "PeerAbortedError":
             assert error["reason"] == "cancelled", error

@@ -343,35 +343,13 @@ async def barrier(world: World, spec: OpSpec) -> None:
 _ANNOUNCE = struct.Struct("<QQ")  # address of the array's data, its size in bytes
 
 
-async def _announce(
-    world: World, spec: OpSpec, flat: np.ndarray, peers: list[int]
-) -> dict[int, int]:
-    """Tell ``peers`` where our array is; learn where theirs are (step 0)."""
-    mine = memoryview(_ANNOUNCE.pack(flat.ctypes.data, flat.nbytes))
-    for peer in peers:
-        await world.links[peer].send(spec, 0, mine)
-    addresses = {}
-    theirs = bytearray(_ANNOUNCE.size)
-    for peer in peers:
-        link = world.links[peer]
-        await link.recv(spec, 0, memoryview(theirs))
-        address, nbytes = _ANNOUNCE.unpack(theirs)
-        if nbytes != flat.nbytes:
-            raise link.protocol_error(
-                spec, f"announced an array of {nbytes} bytes, expected {flat.nbytes}"
-            )
-        addresses[peer] = address
-    return addresses
-
-
-async def _notify(world: World, spec: OpSpec, step: int, peers: list[int]) -> None:
-    empty = memoryview(b"")
-    for peer in peers:
-        await world.links[peer].send(spec, step, empty)
-
-
-async def _await_notice(world: World, spec: OpSpec, step: int, peer: int) -> None:
-    await world.links[peer].recv(spec, step, memoryview(b""))
+def _parse_announce(link: Link, spec: OpSpec, data: bytearray, nbytes: int) -> int:
+    address, announced = _ANNOUNCE.unpack(data)
+    if announced != nbytes:
+        raise link.protocol_error(
+            spec, f"announced an array of {announced} bytes, expected {nbytes}"
+        )
+    return int(address)
 
 
 async def _read(world: World, spec: OpSpec, peer: int, address: int, into: np.ndarray) -> None:
@@ -406,60 +384,94 @@ async def cma_allreduce(
     Each segment is computed on one rank only and copied from there, so the result is
     bitwise identical on every rank. Frames: step 0 announces the array's address, step 1
     says "my segment is final" (after which peers read it, and we may overwrite theirs in
-    ours), step 2 says "done reading yours". Scratch: one chunk.
+    ours), step 2 says "done reading yours". One listener task per peer receives that peer's
+    three frames as they come, so an abort frame from any peer is seen at once, whichever
+    peer the reading task is waiting for. Scratch: one chunk.
     """
     n, r = world.size, world.rank
     peers = [q for q in range(n) if q != r]
     itemsize = flat.dtype.itemsize
     total = flat.shape[0]
     bounds = [i * total // n for i in range(n + 1)]
-    addresses = await _announce(world, spec, flat, peers)
-    chunk = max(1, world.chunk_bytes // itemsize)
-    scratch = world.scratch[: chunk * itemsize].view(flat.dtype)
-    lo, hi = bounds[r], bounds[r + 1]
-    # Overflow to inf is a valid result, as in ring_allreduce.
-    with np.errstate(all="ignore"):
+    addresses: dict[int, int] = {}
+    announced = {peer: trio.Event() for peer in peers}
+    final = {peer: trio.Event() for peer in peers}
+    empty = memoryview(b"")
+
+    def listener(peer: int) -> Callable[[], Awaitable[None]]:
+        link = world.links[peer]
+
+        async def listen() -> None:
+            data = bytearray(_ANNOUNCE.size)
+            await link.recv(spec, 0, memoryview(data))
+            addresses[peer] = _parse_announce(link, spec, data, flat.nbytes)
+            announced[peer].set()
+            await link.recv(spec, 1, empty)
+            final[peer].set()
+            # The peer has finished reading our array: only now may we return.
+            await link.recv(spec, 2, empty)
+
+        return listen
+
+    async def work() -> None:
+        mine = memoryview(_ANNOUNCE.pack(flat.ctypes.data, flat.nbytes))
         for peer in peers:
-            for offset, count in _chunks(lo, hi, chunk):
-                if not count:
-                    continue
-                incoming = scratch[:count]
-                await _read(world, spec, peer, addresses[peer] + offset * itemsize, incoming)
-                target = flat[offset : offset + count]
-                reduce(target, incoming, out=target)
-        if divide:
-            np.divide(flat[lo:hi], n, out=flat[lo:hi])
-    await _notify(world, spec, 1, peers)
-    for peer in peers:
-        await _await_notice(world, spec, 1, peer)
-        start, stop = bounds[peer], bounds[peer + 1]
-        if stop > start:
-            await _read(world, spec, peer, addresses[peer] + start * itemsize, flat[start:stop])
-    await _notify(world, spec, 2, peers)
-    for peer in peers:
-        await _await_notice(world, spec, 2, peer)
+            await world.links[peer].send(spec, 0, mine)
+        chunk = max(1, world.chunk_bytes // itemsize)
+        scratch = world.scratch[: chunk * itemsize].view(flat.dtype)
+        lo, hi = bounds[r], bounds[r + 1]
+        # Overflow to inf is a valid result, as in ring_allreduce.
+        with np.errstate(all="ignore"):
+            for peer in peers:
+                await announced[peer].wait()
+                for offset, count in _chunks(lo, hi, chunk):
+                    if not count:
+                        continue
+                    incoming = scratch[:count]
+                    address = addresses[peer] + offset * itemsize
+                    await _read(world, spec, peer, address, incoming)
+                    target = flat[offset : offset + count]
+                    reduce(target, incoming, out=target)
+            if divide:
+                np.divide(flat[lo:hi], n, out=flat[lo:hi])
+        for peer in peers:
+            await world.links[peer].send(spec, 1, empty)
+        for peer in peers:
+            await final[peer].wait()
+            start, stop = bounds[peer], bounds[peer + 1]
+            if stop > start:
+                address = addresses[peer] + start * itemsize
+                await _read(world, spec, peer, address, flat[start:stop])
+        for peer in peers:
+            await world.links[peer].send(spec, 2, empty)
+
+    await run_concurrently(work, *(listener(peer) for peer in peers))
 
 
 async def cma_broadcast(world: World, spec: OpSpec, flat: np.ndarray, root: int) -> None:
     """Broadcast by direct reads: the root announces its array's address (step 0), every
-    other rank copies it and says so (step 1); the root returns when all have. The caller's
-    barrier round has already checked that every rank agrees on ``root``."""
+    other rank copies it and says so (step 1); the root returns when all have, listening to
+    every peer at once. The caller's barrier round has already checked that every rank
+    agrees on ``root``."""
     n, r = world.size, world.rank
+    empty = memoryview(b"")
     if r == root:
         peers = [q for q in range(n) if q != r]
         mine = memoryview(_ANNOUNCE.pack(flat.ctypes.data, flat.nbytes))
         for peer in peers:
             await world.links[peer].send(spec, 0, mine)
-        for peer in peers:
-            await _await_notice(world, spec, 1, peer)
+
+        def listener(peer: int) -> Callable[[], Awaitable[None]]:
+            async def listen() -> None:
+                await world.links[peer].recv(spec, 1, empty)
+
+            return listen
+
+        await run_concurrently(*(listener(peer) for peer in peers))
         return
     link = world.links[root]
-    theirs = bytearray(_ANNOUNCE.size)
-    await link.recv(spec, 0, memoryview(theirs))
-    address, nbytes = _ANNOUNCE.unpack(theirs)
-    if nbytes != flat.nbytes:
-        raise link.protocol_error(
-            spec, f"announced an array of {nbytes} bytes, expected {flat.nbytes}"
-        )
+    data = bytearray(_ANNOUNCE.size)
+    await link.recv(spec, 0, memoryview(data))
+    address = _parse_announce(link, spec, data, flat.nbytes)
     await _read(world, spec, root, address, flat.view(np.uint8))
-    await link.send(spec, 1, memoryview(b""))
+    await link.send(spec, 1, empty)

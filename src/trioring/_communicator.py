@@ -436,8 +436,12 @@ class Communicator(metaclass=NoPublicConstructor):
                 # whose data was all there at once (or a world of one) has not yielded yet.
                 await trio.lowlevel.cancel_shielded_checkpoint()
         except CollectiveError as exc:
-            cause = await self._relayed_cause(exc, spec)
-            await self._break(cause, spec)
+            cause = exc
+            try:
+                cause = await self._relayed_cause(exc, spec)
+            finally:
+                # Even if the caller's deadline fires while we look for the cause.
+                await self._break(cause, spec)
             if cause is exc:
                 raise
             cause.add_note(f"first noticed on this rank as: {type(exc).__name__}: {exc}")
@@ -525,6 +529,7 @@ async def _create_communicator(
     transport, links = await connect_world(config, make_transport, make_rendezvous)
     for link in links.values():
         link.spin_seconds = config.spin_seconds
+        link.watch = list(links.values())
     comm = Communicator._create(
         rank=config.rank,
         world_size=config.world_size,

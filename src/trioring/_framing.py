@@ -33,6 +33,7 @@ from ._errors import (
     PeerAbortedError,
     PeerFailedError,
     ProtocolError,
+    TrioringError,
 )
 from .transports._socket import SocketConnection
 
@@ -48,6 +49,10 @@ MAX_REASON_BYTES = 4096
 SMALL_FRAME = 64 * 1024
 # How long a rank whose send failed looks for the abort frame that may explain it.
 _PENDING_ABORT_SECONDS = 0.05
+# How many small DATA frames it reads past, at most, looking for it.
+_PENDING_FRAMES_SKIPPED = 4
+# A receive that waits longer than this starts watching the other idle links for aborts.
+_WATCH_AFTER_SECONDS = 0.02
 NO_ROOT = -1
 
 
@@ -159,6 +164,10 @@ class Link:
         self.spin_seconds = 0.0
         #: How many times this link waited in the event loop (each wait is a checkpoint).
         self.parks = 0
+        #: The world's links, watched for abort frames during a long wait on this one (see
+        #: _park); set by the communicator.
+        self.watch: list[Link] = []
+        self._watching = False
         self._send_header = bytearray(HEADER.size)
         self._send_header_view = memoryview(self._send_header)
         self._fast = connection if isinstance(connection, SocketConnection) else None
@@ -309,6 +318,8 @@ class Link:
         except CollectiveError as exc:
             if exc._trioring_abort is not None:
                 return exc
+        except TrioringError:
+            pass  # the link is closed or broken: nothing to read on it
         return None
 
     async def _raise_pending_abort(self, spec: OpSpec) -> None:
@@ -316,18 +327,34 @@ class Link:
         its reason may be waiting in our receive buffer. If nobody else is receiving on this
         link, look for it briefly, so that we report the cause (say, "rank 2 failed") rather
         than the broken pipe it left behind."""
-        if self.receiving:
+        if self.receiving or self._watching:
             return
-        with trio.move_on_after(_PENDING_ABORT_SECONDS):
-            try:
-                await self._recv_exactly(spec, self._recv_header_view, "a frame header")
-            except CollectiveError:
-                return
-            (magic, version, ftype, kind, _, _, root, seq, _, _, nbytes) = HEADER.unpack(
-                self._recv_header
-            )
-            if magic == MAGIC and version == VERSION and ftype == FrameType.ABORT:
-                await self._raise_abort(spec, kind, root, seq, nbytes)
+        # Marked as read from, so that no other task reads or watches this link meanwhile.
+        self._watching = True
+        try:
+            with trio.move_on_after(_PENDING_ABORT_SECONDS):
+                # Frames the peer sent before it gave up (say, the announcement of a step we
+                # never reached) may come first: skip a few small ones to find its reason.
+                for _ in range(_PENDING_FRAMES_SKIPPED):
+                    try:
+                        await self._recv_exactly(spec, self._recv_header_view, "a frame header")
+                    except TrioringError:
+                        return
+                    (magic, version, ftype, kind, _, _, root, seq, _, _, nbytes) = HEADER.unpack(
+                        self._recv_header
+                    )
+                    if magic != MAGIC or version != VERSION:
+                        return
+                    if ftype == FrameType.ABORT:
+                        await self._raise_abort(spec, kind, root, seq, nbytes)
+                    if ftype != FrameType.DATA or nbytes > SMALL_FRAME:
+                        return
+                    try:
+                        await self._recv_exactly(spec, memoryview(bytearray(nbytes)), "a payload")
+                    except TrioringError:
+                        return
+        finally:
+            self._watching = False
 
     async def _recv_some(self, spec: OpSpec, view: memoryview, what: str) -> int:
         """Receive at least one byte into ``view``, or 0 at end of stream. With a socket
@@ -350,13 +377,88 @@ class Link:
                 # Straight to the event loop: one pass through the scheduler per wake-up,
                 # where the socket's own recv_into would add a second one.
                 self.parks += 1
-                await fast.wait_readable()
+                await self._park(spec, fast)
                 got = fast.recv_nowait(view)
             return got
         except trio.BrokenResourceError as exc:
             raise self._failed(spec, f"broke while receiving {what}: {exc}") from exc
         except trio.ClosedResourceError as exc:
             raise self._closed(spec) from exc
+
+    async def _park(self, spec: OpSpec, fast: SocketConnection) -> None:
+        """Wait until this link is readable. A wait that lasts (the peer has not reached
+        this step yet) also watches the other links that nobody is reading from, so that an
+        abort frame from any peer ends it at once, not when the late peer arrives."""
+        if not self.watch or self._watching:
+            await fast.wait_readable()
+            return
+        with trio.move_on_after(_WATCH_AFTER_SECONDS):
+            await fast.wait_readable()
+            return
+        idle = [link for link in self.watch if link is not self and link.watchable]
+        if not idle:
+            await fast.wait_readable()
+            return
+        outcome: list[BaseException] = []
+        async with trio.open_nursery() as nursery:
+
+            async def wait_own() -> None:
+                try:
+                    await fast.wait_readable()
+                except trio.ClosedResourceError as exc:
+                    outcome.append(exc)
+                nursery.cancel_scope.cancel()
+
+            async def watch(link: Link) -> None:
+                error = await link._watch_for_abort(spec)
+                if error is not None:
+                    outcome.append(error)
+                    nursery.cancel_scope.cancel()
+
+            nursery.start_soon(wait_own)
+            for link in idle:
+                nursery.start_soon(watch, link)
+        if outcome:
+            raise outcome[0]
+
+    @property
+    def watchable(self) -> bool:
+        return self._fast is not None and not self.receiving and not self._watching
+
+    async def _watch_for_abort(self, spec: OpSpec) -> CollectiveError | None:
+        """Read ahead on this idle link until a whole frame header is here: the error its
+        abort frame means, if it is one; else None, leaving every byte read for the next
+        receive (in ``_pending``). Also None when the connection ends or breaks: the next
+        receive on it reports that."""
+        fast = self._fast
+        assert fast is not None
+        header = bytearray(HEADER.size)
+        have = min(self._pending.nbytes, HEADER.size)
+        header[:have] = self._pending[:have]
+        if self._pending.nbytes > HEADER.size:
+            return None  # more than a header is buffered: it is a data frame
+        self._watching = True
+        try:
+            while have < HEADER.size:
+                await fast.wait_readable()
+                got = fast.recv_nowait(memoryview(header)[have:])
+                if got is None:
+                    continue
+                if not got:
+                    return None
+                have += got
+                self._pending = memoryview(header)[:have]
+            (magic, version, ftype, kind, _, _, root, seq, _, _, nbytes) = HEADER.unpack(header)
+            if magic != MAGIC or version != VERSION or ftype != FrameType.ABORT:
+                return None
+            self._pending = memoryview(b"")
+            await self._raise_abort(spec, kind, root, seq, nbytes)
+        except (trio.BrokenResourceError, trio.ClosedResourceError):
+            return None
+        except CollectiveError as exc:
+            return exc
+        finally:
+            self._watching = False
 
     async def _recv_exactly(self, spec: OpSpec, view: memoryview, what: str) -> None:
         total = view.nbytes

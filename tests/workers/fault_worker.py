@@ -23,10 +23,12 @@ Scenarios (all but ``cycles`` first open a communicator from the environment and
   the ``async with open_communicator``).
 - ``stop VICTIM T``: ``agreed``, marker ``ready``; the test SIGSTOPs ``VICTIM`` and creates
   ``go``; the others run an allreduce under their own ``trio.fail_after(T)``.
-- ``cancel CANCELLER GATED ELEMENTS AFTER``: ``agreed``; every rank but these two enters an
-  allreduce of ``ELEMENTS`` float32s; then the canceller enters it under
+- ``cancel CANCELLER GATED ELEMENTS AFTER [late]``: ``agreed``; every rank but these two
+  enters an allreduce of ``ELEMENTS`` float32s; then the canceller enters it under
   ``trio.move_on_after(AFTER)`` and records the deadline; ``GATED`` enters once the canceller
-  has given up (marker ``cancelled``), so the collective cannot complete before that.
+  has given up (marker ``cancelled``), so the collective cannot complete before that. With
+  ``late``, ``GATED`` waits until every other rank has reported the collective's outcome
+  (marker ``reported``): they must learn of the cancel without it.
 - ``mismatch ODD CASE GOOD``: ``GOOD`` correct collectives (small allreduce, broadcast from
   every root in turn, barrier), then one in which rank ``ODD`` differs by ``CASE`` (``op``,
   ``dtype``, ``count``, ``kind``, ``root``, ``skip``); a rank whose share of it completes runs
@@ -226,6 +228,7 @@ async def scenario_cancel(reporter: Reporter, comm: trioring.Communicator, args:
         int(args[2]),
         float(args[3]),
     )
+    late = args[4:] == ["late"]
     if await timed(reporter, "agreed", lambda: agreed(comm)) is not None:
         return
     array = np.ones(elements, np.float32)
@@ -259,8 +262,12 @@ async def scenario_cancel(reporter: Reporter, comm: trioring.Communicator, args:
         return
     if me == gated:
         await wait_file(reporter, f"w{canceller}.cancelled")
+        if late:
+            others = [r for r in range(comm.world_size) if r not in (canceller, gated)]
+            await wait_files(reporter, [f"w{r}.reported" for r in others])
     reporter.mark("entering")
     await timed(reporter, "collective", lambda: comm.allreduce(array))
+    reporter.mark("reported")
     await after(reporter, comm)
 
 
