@@ -57,7 +57,8 @@ RANK_SCRIPT = textwrap.dedent(
             k: os.environ.get(k)
             for k in (
                 "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TRIORING_TRANSPORT",
-                "TRIORING_SOCKET_DIR", "MASTER_ADDR", "MASTER_PORT",
+                "TRIORING_SOCKET_DIR", "MASTER_ADDR", "MASTER_PORT", "TRIORING_RANK",
+                "TRIORING_WORLD_SIZE", "TRIORING_MASTER_ADDR", "TRIORING_MASTER_PORT",
             )
         },
         "socket_dir_mode": (
@@ -273,6 +274,22 @@ def test_unix_transport_drops_stale_tcp_variables(job: Job) -> None:
     status, _, _ = job.run(job.argv(2, {}, "--transport", "unix"), env=env)
     assert status == 0
     assert_unix_rendezvous(job.reports())
+
+
+def test_stale_trioring_rank_variables_are_dropped(job: Job) -> None:
+    """TRIORING_RANK and friends outrank RANK in open_communicator: left over from the
+    calling shell, they would give every rank the same rank."""
+    stale = {
+        "TRIORING_RANK": "0",
+        "TRIORING_WORLD_SIZE": "7",
+        "TRIORING_MASTER_ADDR": "10.0.0.1",
+        "TRIORING_MASTER_PORT": "1",
+    }
+    status, _, _ = job.run(job.argv(2, {}), env={**os.environ, **stale})
+    assert status == 0
+    for rank, report in job.reports().items():
+        assert report["env"]["RANK"] == str(rank)
+        assert all(report["env"][name] is None for name in stale), report["env"]
 
 
 def test_failing_rank_stops_the_others(job: Job) -> None:

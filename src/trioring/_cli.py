@@ -50,7 +50,8 @@ def _build_parser() -> argparse.ArgumentParser:
     run_parser = commands.add_parser(
         "run",
         usage=(
-            "%(prog)s -n N [--transport {unix,tcp}] [--grace SECONDS] [-m] [--] TARGET [ARGS...]"
+            "%(prog)s -n N [--transport {unix,tcp}] [--grace SECONDS]\n"
+            "       [--tag-output | --no-tag-output] [-m] [--] TARGET [ARGS...]"
         ),
         help="start N ranks of a Python script or module on this machine",
         description=(
@@ -117,8 +118,15 @@ def _build_parser() -> argparse.ArgumentParser:
             "bandwidth; every result is checked. Exits non-zero if any result was wrong."
         ),
     )
-    bench_parser.add_argument("-n", "--nprocs", type=_nprocs, default=2, metavar="N")
-    bench_parser.add_argument("--transport", choices=TRANSPORTS, default="unix")
+    bench_parser.add_argument(
+        "-n", "--nprocs", type=_nprocs, default=2, metavar="N", help="ranks to start (default 2)"
+    )
+    bench_parser.add_argument(
+        "--transport",
+        choices=TRANSPORTS,
+        default="unix",
+        help="unix (default; large arrays by cross-memory attach where available) or tcp",
+    )
     bench_parser.add_argument(
         "--sizes",
         default="4:64M",
@@ -130,8 +138,15 @@ def _build_parser() -> argparse.ArgumentParser:
         choices=("allreduce", "broadcast", "barrier"),
         help="collective to time (repeatable; default all three)",
     )
-    bench_parser.add_argument("--op", default="sum", choices=("sum", "mean", "min", "max", "prod"))
-    bench_parser.add_argument("--dtype", default="float32")
+    bench_parser.add_argument(
+        "--op",
+        default="sum",
+        choices=("sum", "mean", "min", "max", "prod"),
+        help="reduce op of the allreduce (default sum)",
+    )
+    bench_parser.add_argument(
+        "--dtype", default="float32", help="numpy dtype of the arrays (default float32)"
+    )
     bench_parser.add_argument(
         "--json", metavar="FILE", help="also write the results as JSON to FILE ('-': stdout only)"
     )

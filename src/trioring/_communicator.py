@@ -213,14 +213,20 @@ class Communicator(metaclass=NoPublicConstructor):
             op: ``"sum"`` (default), ``"mean"``, ``"min"``, ``"max"`` or ``"prod"``, or a
                 :class:`ReduceOp`; the same on every rank. ``"min"``/``"max"`` refuse complex
                 dtypes and ``"mean"`` refuses integer dtypes. A mean is a sum divided by
-                ``world_size`` in the array's dtype. For arrays up to 64 KiB every rank
-                divides the (bitwise identical) sum; for larger ones the division happens once
-                per element, on the rank that finishes that element's sum, before it is
-                shared. Either way the mean is bitwise identical everywhere.
+                ``world_size`` in the array's dtype. For arrays up to
+                ``SMALL_ALLREDUCE_BYTES`` every rank divides the (bitwise identical) sum; for
+                larger ones the division happens once per element, on the rank that finishes
+                that element's sum, before it is shared. Either way the mean is bitwise
+                identical everywhere.
 
-        Algorithm: up to 64 KiB, recursive doubling (``ceil(log2 n)`` exchanges of the whole
-        array: latency-bound sizes); above, ring reduce-scatter then ring all-gather, streamed
-        in 1 MiB chunks, each rank sending and receiving ``2 (n-1)/n`` times the array.
+        Algorithm (constants in ``trioring._communicator``): up to ``SMALL_ALLREDUCE_BYTES``,
+        recursive doubling (``ceil(log2 n)`` exchanges of the whole array: latency-bound
+        sizes). Above ``CMA_MIN_BYTES``, when every rank agreed at opening to use
+        cross-memory attach (the ``"cma"`` entry of :attr:`features`), each rank reduces
+        its ``1/n`` segment by reading the peers' arrays directly and then copies the other
+        finished segments, each byte copied once. Otherwise, ring reduce-scatter then ring
+        all-gather, streamed in chunks of ``DEFAULT_CHUNK_BYTES``, each rank sending and
+        receiving ``2 (n-1)/n`` times the array.
 
         Raises:
             InvalidArgumentError: bad array or op (before any I/O; the communicator stays
@@ -278,6 +284,8 @@ class Communicator(metaclass=NoPublicConstructor):
         that ranks disagreeing about ``root`` always raise instead of waiting for each
         other), then a binomial tree rooted at ``root``, streamed in chunks, so each rank
         receives the data once and the root's data reaches everyone in ``ceil(log2 n)`` hops.
+        Above ``CMA_MIN_BYTES`` with cross-memory attach (see :meth:`allreduce`), every rank
+        copies the root's array directly instead, and the root returns once all have.
 
         Raises:
             InvalidArgumentError: bad array or ``root`` not in ``range(world_size)``.

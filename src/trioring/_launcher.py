@@ -57,9 +57,14 @@ DEFAULT_GRACE = 5.0
 # then nothing we could do would help; the bound just keeps the launcher from hanging on it.
 _REAP_AFTER_KILL_S = 5.0
 
-# Variables that belong to one transport's rendezvous: a rank must never see a stale value
-# for the transport it was not started with (e.g. MASTER_PORT left over from a torchrun shell).
+# Variables that belong to one job's rendezvous: a rank must never see a stale value for the
+# transport it was not started with (e.g. MASTER_PORT left over from a torchrun shell), nor a
+# TRIORING_RANK/TRIORING_WORLD_SIZE that would override the RANK/WORLD_SIZE we set.
 _RENDEZVOUS_VARIABLES = (
+    "TRIORING_RANK",
+    "TRIORING_WORLD_SIZE",
+    "TRIORING_MASTER_ADDR",
+    "TRIORING_MASTER_PORT",
     "TRIORING_TRANSPORT",
     "TRIORING_SOCKET_DIR",
     "MASTER_ADDR",

@@ -46,7 +46,7 @@ async def open_local_world(
         buffered: with ``False``, connections have no buffer at all (every send waits for
             the matching receive, like :func:`trio.testing.lockstep_stream_pair`), so code
             that sends before it receives deadlocks at once instead of only on large arrays.
-        chunk_bytes: bytes per frame of bulk data (default 1 MiB); make it small to exercise
+        chunk_bytes: bytes per frame of bulk data (default ``DEFAULT_CHUNK_BYTES``); make it small to exercise
             chunking with small arrays.
     """
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
