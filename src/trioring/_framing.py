@@ -399,6 +399,10 @@ class Link:
         if not idle:
             await fast.wait_readable()
             return
+        # Claimed now, not when the watcher task first runs: another task whose wait times
+        # out in the same scheduler batch must not pick the same links.
+        for link in idle:
+            link._watching = True
         outcome: list[BaseException] = []
         async with trio.open_nursery() as nursery:
 
@@ -410,7 +414,10 @@ class Link:
                 nursery.cancel_scope.cancel()
 
             async def watch(link: Link) -> None:
-                error = await link._watch_for_abort(spec)
+                try:
+                    error = await link._watch_for_abort(spec)
+                finally:
+                    link._watching = False
                 if error is not None:
                     outcome.append(error)
                     nursery.cancel_scope.cancel()
@@ -429,7 +436,7 @@ class Link:
         """Read ahead on this idle link until a whole frame header is here: the error its
         abort frame means, if it is one; else None, leaving every byte read for the next
         receive (in ``_pending``). Also None when the connection ends or breaks: the next
-        receive on it reports that."""
+        receive on it reports that. The caller has marked the link as watched."""
         fast = self._fast
         assert fast is not None
         header = bytearray(HEADER.size)
@@ -437,7 +444,6 @@ class Link:
         header[:have] = self._pending[:have]
         if self._pending.nbytes > HEADER.size:
             return None  # more than a header is buffered: it is a data frame
-        self._watching = True
         try:
             while have < HEADER.size:
                 await fast.wait_readable()
@@ -457,8 +463,6 @@ class Link:
             return None
         except CollectiveError as exc:
             return exc
-        finally:
-            self._watching = False
 
     async def _recv_exactly(self, spec: OpSpec, view: memoryview, what: str) -> None:
         total = view.nbytes
