@@ -182,7 +182,7 @@ async def test_two_long_waits_never_watch_the_same_link(autojump_clock: object) 
         nursery.start_soon(receive, links[0])
         nursery.start_soon(receive, links[1])
         await trio.sleep(1)  # both waits are long past the threshold; link 3 is watched
-        await Link(3, 0, theirs[2]).send_abort(AbortKind.CANCELLED, 3, 7, "cancelled")
+        await Link(3, 0, theirs[2]).send_abort(AbortKind.CANCELLED, 3, 7, "cancelled", 3)
     assert sorted(type(e).__name__ for e in errors) == [
         "CommunicatorClosedError",
         "PeerAbortedError",

@@ -30,6 +30,7 @@ import trio.testing
 
 from conftest import free_tcp_port, poll_until
 from trioring import _auth
+from trioring._communicator import DEFAULT_CHUNK_BYTES, SMALL_ALLREDUCE_BYTES
 from trioring.transports import Connection, StreamConnection
 
 if TYPE_CHECKING:
@@ -242,11 +243,14 @@ WIRE_FAULTS = [
     (3, "garbage", 1, 2),
     (4, "garbage", 3, 0),
 ]
-#: Collectives each rank runs, int64 elements per array (192 KB: a ring allreduce, one frame
-#: per step); the fault strikes the first frame of the third collective on the faulted link.
+#: Collectives each rank runs, int64 elements per array (1.92 MB: above SMALL_ALLREDUCE_BYTES,
+#: so a ring allreduce, and one frame per step); the fault strikes the first frame of the third
+#: collective on the faulted link.
 WIRE_OPS = 6
-WIRE_LENGTH = 24_000
+WIRE_LENGTH = 240_000
 FAULTED_SEQ = 3
+assert SMALL_ALLREDUCE_BYTES < WIRE_LENGTH * 8
+assert WIRE_LENGTH // 2 * 8 <= DEFAULT_CHUNK_BYTES
 
 
 def run_through_proxy(

@@ -12,6 +12,7 @@ import trio.testing
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import trioring
+from trioring._communicator import SMALL_ALLREDUCE_BYTES
 from trioring.testing import open_local_world
 
 if TYPE_CHECKING:
@@ -162,7 +163,7 @@ async def test_cancelled_collective_breaks_every_rank() -> None:
         async def rank_main(comm: trioring.Communicator) -> None:
             # Large enough for the ring algorithm, in which every rank needs every other's
             # data until the end (small arrays: see the next test).
-            x = np.ones(40_000, np.float32)
+            x = np.ones(2 * SMALL_ALLREDUCE_BYTES // 4, np.float32)
             if comm.rank == 2:
                 with trio.move_on_after(0) as scope:
                     # The cancel scope is already expired: checkpoint_if_cancelled raises

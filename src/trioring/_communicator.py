@@ -41,12 +41,14 @@ __all__ = ["Communicator", "ReduceOp", "open_communicator"]
 #: Bytes per frame of bulk data. Large enough that per-frame costs vanish, small enough that a
 #: ring step streams (and that the reusable scratch buffer stays small).
 DEFAULT_CHUNK_BYTES = 1024 * 1024
-#: Arrays up to this size are allreduced by recursive doubling (log2 n exchanges of the whole
-#: array, latency-bound), larger ones by the ring (bandwidth-optimal).
-SMALL_ALLREDUCE_BYTES = 64 * 1024
-#: Arrays above this size are allreduced and broadcast by cross-memory attach, when all ranks
-#: agreed to use it at opening (one host, Unix transport, the kernel allows it): below, the
-#: extra rounds of notices cost more than the copy they save.
+#: Arrays up to this size (and the scratch buffer, DEFAULT_CHUNK_BYTES) are allreduced by
+#: recursive doubling: log2 n exchanges of the whole array, in few messages and no tasks,
+#: which measured faster than either alternative below it on 2 to 4 ranks. Larger ones go by
+#: cross-memory attach where all ranks agreed on it, else by the ring (bandwidth-optimal).
+SMALL_ALLREDUCE_BYTES = 1024 * 1024
+#: Arrays above this size are broadcast by cross-memory attach, when all ranks agreed to use
+#: it at opening (one host, Unix transport, the kernel allows it): below, the extra round of
+#: notices costs more than the copy it saves.
 CMA_MIN_BYTES = 256 * 1024
 #: How long a breaking communicator spends telling its peers why, before closing anyway.
 _ABORT_NOTICE_SECONDS = 0.25
@@ -221,10 +223,10 @@ class Communicator(metaclass=NoPublicConstructor):
 
         Algorithm (constants in ``trioring._communicator``): up to ``SMALL_ALLREDUCE_BYTES``,
         recursive doubling (``ceil(log2 n)`` exchanges of the whole array: latency-bound
-        sizes). Above ``CMA_MIN_BYTES``, when every rank agreed at opening to use
-        cross-memory attach (the ``"cma"`` entry of :attr:`features`), each rank reduces
-        its ``1/n`` segment by reading the peers' arrays directly and then copies the other
-        finished segments, each byte copied once. Otherwise, ring reduce-scatter then ring
+        sizes). Above, when every rank agreed at opening to use cross-memory attach (the
+        ``"cma"`` entry of :attr:`features`), each rank reduces its ``1/n`` segment by
+        reading the peers' arrays directly and then copies the other finished segments,
+        each byte copied once. Otherwise, ring reduce-scatter then ring
         all-gather, streamed in chunks of ``DEFAULT_CHUNK_BYTES``, each rank sending and
         receiving ``2 (n-1)/n`` times the array.
 
@@ -259,15 +261,15 @@ class Communicator(metaclass=NoPublicConstructor):
         divide = reduce_op is ReduceOp.MEAN
         small = flat.nbytes <= min(SMALL_ALLREDUCE_BYTES, self._world.scratch.nbytes)
 
-        cma = self._world.peer_pids is not None and flat.nbytes > CMA_MIN_BYTES
+        cma = self._world.peer_pids is not None
 
         async def body(op_spec: OpSpec) -> None:
-            if cma:
-                await _algorithms.cma_allreduce(self._world, op_spec, flat, ufunc, divide=divide)
-            elif small:
+            if small:
                 await _algorithms.recursive_doubling_allreduce(
                     self._world, op_spec, flat, ufunc, divide=divide
                 )
+            elif cma:
+                await _algorithms.cma_allreduce(self._world, op_spec, flat, ufunc, divide=divide)
             else:
                 await _algorithms.ring_allreduce(self._world, op_spec, flat, ufunc, divide=divide)
 
@@ -474,7 +476,8 @@ class Communicator(metaclass=NoPublicConstructor):
 
         async def look(link: Link) -> None:
             abort = await link.pending_abort(spec)
-            if abort is not None:
+            # News that a peer lost its connection to *us* only echoes what we saw ourselves.
+            if abort is not None and not abort._trioring_about_self:
                 found.append(abort)
 
         async with trio.open_nursery() as nursery:
@@ -484,36 +487,41 @@ class Communicator(metaclass=NoPublicConstructor):
             return error
         return max(found, key=lambda e: 2 if isinstance(e, CollectiveMismatchError) else 1)
 
-    def _abort_notice(self, exc: BaseException) -> tuple[AbortKind, int, str]:
+    def _abort_notice(self, exc: BaseException) -> tuple[AbortKind, int, str, int]:
+        """(kind, subject, reason, reporter) of the abort frame that tells peers about
+        ``exc``."""
+        me = self._rank
         if is_cancellation(exc):
-            return AbortKind.CANCELLED, self._rank, "cancelled"
+            return AbortKind.CANCELLED, me, "cancelled", me
         relayed = getattr(exc, "_trioring_abort", None)
         if relayed is not None:
-            kind, subject, reason = relayed
-            return AbortKind(kind), subject, reason
+            kind, subject, reason, reporter = relayed
+            return AbortKind(kind), subject, reason, reporter
         message = exc._bare_message if isinstance(exc, TrioringError) else str(exc)
         if isinstance(exc, PeerFailedError) and exc.peer is not None:
-            return AbortKind.FAILED, exc.peer, message
+            return AbortKind.FAILED, exc.peer, message, me
         if isinstance(exc, CollectiveMismatchError):
-            return AbortKind.MISMATCH, self._rank, message
+            return AbortKind.MISMATCH, me, message, me
         if isinstance(exc, ProtocolError):
-            return AbortKind.PROTOCOL, self._rank, message
+            return AbortKind.PROTOCOL, me, message, me
         if isinstance(exc, PeerAbortedError) and exc.peer is not None:
-            return AbortKind.CANCELLED, exc.peer, exc.reason
-        return AbortKind.ERROR, self._rank, f"{type(exc).__name__}: {exc}"
+            return AbortKind.CANCELLED, exc.peer, exc.reason, exc.peer
+        return AbortKind.ERROR, me, f"{type(exc).__name__}: {exc}", me
 
     async def _break(self, exc: BaseException, spec: OpSpec) -> None:
         """Enter the broken state: tell peers why (best effort), then close everything."""
         if self._state is _State.OPEN:
             self._state = _State.BROKEN
             self._broken_by = exc
-        kind, subject, reason = self._abort_notice(exc)
+        kind, subject, reason, reporter = self._abort_notice(exc)
         with trio.CancelScope(shield=True):
             with trio.move_on_after(_ABORT_NOTICE_SECONDS):
                 async with trio.open_nursery() as nursery:
                     for link in self._links.values():
                         if link.send_clean:
-                            nursery.start_soon(link.send_abort, kind, subject, spec.seq, reason)
+                            nursery.start_soon(
+                                link.send_abort, kind, subject, spec.seq, reason, reporter
+                            )
             await self._close_connections()
 
     async def _close_connections(self) -> None:

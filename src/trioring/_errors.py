@@ -137,7 +137,10 @@ class CollectiveError(TrioringError):
 
     # (abort kind, rank the news is about, reason) when this error was relayed by a peer's
     # abort frame, so that passing the news on keeps the original subject and reason.
-    _trioring_abort: tuple[int, int, str] | None = None
+    #: For an error that came in an abort frame: what to tell peers in turn (kind, subject,
+    #: reason, reporter), and whether the news was about this very rank.
+    _trioring_abort: tuple[int, int, str, int] | None = None
+    _trioring_about_self: bool = False
 
 
 @final

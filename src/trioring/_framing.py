@@ -294,14 +294,18 @@ class Link:
         if rest is not None:
             await self.finish_send(spec, rest)
 
-    async def send_abort(self, kind: AbortKind, subject: int, seq: int, reason: str) -> None:
-        """Tell the peer why this rank gives up. Best effort: transport errors are ignored,
-        since the connection is closed right after either way."""
+    async def send_abort(
+        self, kind: AbortKind, subject: int, seq: int, reason: str, reporter: int
+    ) -> None:
+        """Tell the peer why this rank gives up: ``subject`` is the rank the news is about,
+        ``reporter`` the rank that first noticed (they differ for a lost connection, and
+        when news is relayed). Best effort: transport errors are ignored, since the
+        connection is closed right after either way."""
         if not self.send_clean:
             return
         data = reason.encode("utf-8", "replace")[:MAX_REASON_BYTES]
         header = HEADER.pack(
-            MAGIC, VERSION, FrameType.ABORT, kind, 0, 0, subject, seq, 0, 0, len(data)
+            MAGIC, VERSION, FrameType.ABORT, kind, 0, 0, subject, seq, reporter, 0, len(data)
         )
         self.send_clean = False
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
@@ -340,13 +344,13 @@ class Link:
                         await self._recv_exactly(spec, self._recv_header_view, "a frame header")
                     except TrioringError:
                         return
-                    (magic, version, ftype, kind, _, _, root, seq, _, _, nbytes) = HEADER.unpack(
-                        self._recv_header
+                    (magic, version, ftype, kind, _, _, root, seq, count, _, nbytes) = (
+                        HEADER.unpack(self._recv_header)
                     )
                     if magic != MAGIC or version != VERSION:
                         return
                     if ftype == FrameType.ABORT:
-                        await self._raise_abort(spec, kind, root, seq, nbytes)
+                        await self._raise_abort(spec, kind, root, seq, nbytes, count)
                     if ftype != FrameType.DATA or nbytes > SMALL_FRAME:
                         return
                     try:
@@ -361,7 +365,8 @@ class Link:
         connection, take what is already there without a trip through the scheduler, and
         when nothing is, poll for up to ``spin_seconds`` (yielding the CPU between tries)
         before parking: a peer on another core often answers within microseconds, far
-        sooner than a wake-up through the event loop would deliver it."""
+        sooner than a wake-up through the event loop would deliver it. While other tasks of
+        this program are runnable, the poll lets them run instead of yielding the CPU."""
         fast = self._fast
         try:
             if fast is None:
@@ -370,8 +375,15 @@ class Link:
             got = fast.recv_nowait(view)
             if got is None and self.spin_seconds:
                 deadline = time.perf_counter() + self.spin_seconds
+                statistics = trio.lowlevel.current_statistics
                 while got is None and time.perf_counter() < deadline:
-                    os.sched_yield()
+                    if statistics().tasks_runnable:
+                        # Another task of this program has work: let it run instead of
+                        # holding the thread (a checkpoint; no bytes are half-read here).
+                        self.parks += 1
+                        await trio.lowlevel.checkpoint()
+                    else:
+                        os.sched_yield()
                     got = fast.recv_nowait(view)
             while got is None:
                 # Straight to the event loop: one pass through the scheduler per wake-up,
@@ -454,11 +466,11 @@ class Link:
                     return None
                 have += got
                 self._pending = memoryview(header)[:have]
-            (magic, version, ftype, kind, _, _, root, seq, _, _, nbytes) = HEADER.unpack(header)
+            (magic, version, ftype, kind, _, _, root, seq, count, _, nbytes) = HEADER.unpack(header)
             if magic != MAGIC or version != VERSION or ftype != FrameType.ABORT:
                 return None
             self._pending = memoryview(b"")
-            await self._raise_abort(spec, kind, root, seq, nbytes)
+            await self._raise_abort(spec, kind, root, seq, nbytes, count)
         except (trio.BrokenResourceError, trio.ClosedResourceError):
             return None
         except CollectiveError as exc:
@@ -525,7 +537,7 @@ class Link:
                 spec, f"bad frame header (magic {magic!r}, version {version}); not a trioring peer?"
             )
         if ftype == FrameType.ABORT:
-            await self._raise_abort(spec, kind, root, seq, nbytes)
+            await self._raise_abort(spec, kind, root, seq, nbytes, count)
         if ftype != FrameType.DATA:
             raise self._protocol(spec, f"unknown frame type {ftype}")
         if (kind, seq, dtype, count, op, root) != (
@@ -555,7 +567,7 @@ class Link:
             await self._recv_exactly(spec, into, "a payload")
 
     async def _raise_abort(
-        self, spec: OpSpec, kind: int, subject: int, seq: int, nbytes: int
+        self, spec: OpSpec, kind: int, subject: int, seq: int, nbytes: int, reporter: int
     ) -> NoReturn:
         if nbytes > MAX_REASON_BYTES:
             raise self._protocol(spec, f"abort reason of {nbytes} bytes is too long")
@@ -563,7 +575,9 @@ class Link:
         if nbytes:
             await self._recv_exactly(spec, memoryview(data), "an abort reason")
         reason = data.decode("utf-8", "replace")
-        raise abort_error(self.rank, self.peer, spec, kind, subject, seq, reason, self.job_id)
+        raise abort_error(
+            self.rank, self.peer, spec, kind, subject, seq, reason, reporter, self.job_id
+        )
 
 
 def abort_error(
@@ -574,12 +588,15 @@ def abort_error(
     subject: int,
     seq: int,
     reason: str,
+    reporter: int,
     job_id: str | None = None,
 ) -> CollectiveError:
     """The exception a rank raises on receiving an abort frame from ``sender``."""
-    error = _abort_error(rank, sender, spec, kind, subject, seq, reason, job_id)
-    # Passed on as is, except news of our own failure: that is news of the sender's link.
-    error._trioring_abort = (kind, sender if subject == rank else subject, reason)
+    error = _abort_error(rank, sender, spec, kind, subject, seq, reason, reporter, job_id)
+    # Passed on as is, except news of our own failure: that is news of the reporter's link.
+    about_self = subject == rank
+    error._trioring_abort = (kind, reporter if about_self else subject, reason, reporter)
+    error._trioring_about_self = about_self
     return error
 
 
@@ -591,18 +608,20 @@ def _abort_error(
     subject: int,
     seq: int,
     reason: str,
+    reporter: int,
     job_id: str | None,
 ) -> CollectiveError:
     where = f"rank {rank}: {spec.kind.label} #{spec.seq}"
     via = "" if subject == sender else f" (relayed by rank {sender})"
     label = spec.kind.label
     if kind == AbortKind.FAILED and subject == rank:
-        # The sender lost its connection to *us* and says so: from here, it is the sender
-        # whose link failed, not this (live) rank.
+        # The reporter lost its connection to *us* and says so: from here, it is the
+        # reporter whose link failed, not this (live) rank.
+        relayed = "" if reporter == sender else f" (relayed by rank {sender})"
         return PeerFailedError(
-            f"{where}: rank {sender} lost its connection to this rank: {reason}",
+            f"{where}: rank {reporter} lost its connection to this rank{relayed}: {reason}",
             rank=rank,
-            peer=sender,
+            peer=reporter,
             collective=label,
             seq=spec.seq,
             job_id=job_id,

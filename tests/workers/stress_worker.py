@@ -46,7 +46,7 @@ async def main(iterations: int, out_dir: Path) -> int:
                 dtype = np.dtype(DTYPES[i % len(DTYPES)])
                 # Odd counts from a few elements to ~8 MB: every path (recursive
                 # doubling, ring or cross-memory attach, uneven segments) is exercised.
-                count = [3, 1001, 65_537, 1_000_001, 8_000_001][i % 5] // dtype.itemsize | 1
+                count = [3, 65_537, 1_000_001, 2_500_001, 8_000_001][i % 5] // dtype.itemsize | 1
                 op = "sum" if dtype.kind in "iu" else ("min", "max")[i % 2]
                 inputs = [make(i, q, count, dtype) for q in range(n)]
                 checker = (rank + i // n) % 2 == 0
