@@ -97,8 +97,9 @@ bench: $(call INSTALL_STAMP,bench)
 	@mkdir -p bench/results
 	$(BIN)/python bench/compare.py -n 2 --sizes $(BENCH_SIZES) --rounds 3 --json bench/results/compare_w2.json
 	$(BIN)/python bench/compare.py -n 4 --sizes $(BENCH_SIZES) --rounds 3 --json bench/results/compare_w4.json
+	$(BIN)/python bench/compare.py -n 2 --transport tcp --sizes 4M,64M --collective allreduce --rounds 3 --json bench/results/compare_tcp_w2.json
 	$(BIN)/python bench/budget.py --json bench/results/budget.json
-	$(BIN)/python bench/plot.py bench/results/compare_w2.json bench/results/compare_w4.json
+	$(BIN)/python bench/plot.py bench/results/compare_w2.json bench/results/compare_w4.json bench/results/compare_tcp_w2.json
 
 clean:
 	rm -rf $(VENV) build dist site .pytest_cache .mypy_cache .ruff_cache .hypothesis

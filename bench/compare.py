@@ -117,8 +117,8 @@ def main() -> None:
     for (collective, size), cell in cells.items():
         ours, theirs = median(cell["trioring"]), median(cell["gloo"])
         table.append({"collective": collective, "size": size, "world_size": args.n,
-                      "trioring_us": ours, "gloo_us": theirs, "ratio": ours / theirs,
-                      "rounds": cell})  # fmt: skip
+                      "transport": args.transport, "trioring_us": ours, "gloo_us": theirs,
+                      "ratio": ours / theirs, "rounds": cell})  # fmt: skip
         print(f"{collective:>10} {format_size(size):>6} {ours:>12.1f} {theirs:>10.1f} "
               f"{ours / theirs:>6.2f}")  # fmt: skip
     if args.json:

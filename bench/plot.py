@@ -4,8 +4,9 @@
 
 Writes ``docs/performance/busbw.svg`` (bus bandwidth against size, trioring and Gloo, one
 panel per collective and world size), ``docs/performance/time.svg`` (time ratio trioring /
-Gloo) and ``docs/performance/results.md`` (the table the page includes). Needs matplotlib
-(the ``bench`` dependency group).
+Gloo), and the tables the page includes, next to the JSON: ``bench/results/results.md`` (the
+full table), ``bench/results/targets.md`` (issue 5's targets against these measurements) and,
+from ``bench/results/budget.json`` when it exists, ``bench/results/budget.md``. Needs matplotlib (the ``bench`` dependency group).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import matplotlib.pyplot as plt
 
 ROOT = Path(__file__).parent.parent
 OUT = ROOT / "docs" / "performance"
+TABLES = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT / "src"))
 from trioring._bench import format_size  # noqa: E402
 
@@ -37,6 +39,7 @@ def load(paths: list[str]) -> list[dict]:
         data = json.loads(Path(path).read_text())
         for cell in data["cells"]:
             cell["socket_limit_GBps"] = data["socket_limit_GBps"]
+            cell.setdefault("transport", "unix")
             cells.append(cell)
     return cells
 
@@ -101,16 +104,84 @@ def plot_ratio(cells: list[dict]) -> None:
 
 def table(cells: list[dict]) -> str:
     lines = [
-        "| collective | world | size | trioring (us) | Gloo (us) | ratio | trioring busbw (GB/s) |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| collective | world | size | trioring over | trioring (us) | Gloo (us) | ratio "
+        "| trioring busbw (GB/s) |",
+        "|---|---:|---:|---|---:|---:|---:|---:|",
     ]
-    for c in sorted(cells, key=lambda c: (c["collective"], c["world_size"], c["size"])):
+    order = {"unix": 0, "tcp": 1}
+    for c in sorted(
+        cells,
+        key=lambda c: (order.get(c["transport"], 2), c["collective"], c["world_size"], c["size"]),
+    ):
         bw = busbw(c["collective"], c["size"], c["world_size"], c["trioring_us"])
         bw_text = f"{bw:.2f}" if c["size"] else "-"
         lines.append(
             f"| {c['collective']} | {c['world_size']} | {format_size(c['size'])} | "
-            f"{c['trioring_us']:.1f} | {c['gloo_us']:.1f} | {c['ratio']:.2f} | {bw_text} |"
+            f"{c['transport']} | {c['trioring_us']:.1f} | {c['gloo_us']:.1f} | {c['ratio']:.2f} "
+            f"| {bw_text} |"
         )
+    return "\n".join(lines) + "\n"
+
+
+# Issue 5's targets: (collective, world size, size in bytes, trioring's transport, largest
+# time ratio vs Gloo).
+TARGETS = [
+    ("allreduce", 2, 4, "unix", 0.25),
+    ("allreduce", 4, 4, "unix", 0.25),
+    ("allreduce", 2, 4096, "unix", 0.25),
+    ("allreduce", 4, 4096, "unix", 0.25),
+    ("allreduce", 2, 4 * 1024**2, "unix", 0.5),
+    ("allreduce", 4, 4 * 1024**2, "unix", 0.5),
+    ("allreduce", 2, 64 * 1024**2, "unix", 0.6),
+    ("allreduce", 4, 64 * 1024**2, "unix", 0.6),
+    ("broadcast", 4, 64 * 1024**2, "unix", 0.8),
+    ("barrier", 4, 0, "unix", 0.25),
+    ("allreduce", 2, 64 * 1024**2, "tcp", 1.0),
+]
+
+
+def targets(cells: list[dict]) -> str:
+    index = {(c["collective"], c["world_size"], c["size"], c["transport"]): c for c in cells}
+    lines = [
+        "| case | target (time / Gloo's) | measured | trioring (us) | Gloo (us) | met |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    for collective, n, size, transport, limit in TARGETS:
+        cell = index.get((collective, n, size, transport))
+        name = (
+            f"{collective} {format_size(size)}, world {n}" if size else f"{collective}, world {n}"
+        )
+        name += f" ({transport})"
+        if cell is None:
+            lines.append(f"| {name} | <= {limit} | not measured | | | |")
+            continue
+        met = "yes" if cell["ratio"] <= limit else "**no**"
+        lines.append(
+            f"| {name} | <= {limit} | {cell['ratio']:.2f} | {cell['trioring_us']:.1f} | "
+            f"{cell['gloo_us']:.1f} | {met} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def budget(path: Path) -> str:
+    data = json.loads(path.read_text())
+    lines = ["| budget | measured |", "|---|---|"]
+    for key, rows in data.items():
+        if not key.startswith("memory"):
+            continue
+        extra = max(row["extra_peak_MiB"] for row in rows)
+        seconds = max(row["seconds"] for row in rows)
+        label = key.removeprefix("memory, ")
+        lines.append(
+            f"| 256 MiB float32 allreduce, world 4, {label}: extra peak RSS per rank "
+            f"(S/world = 64 MiB) | {extra:.1f} MiB ({seconds * 1e3:.0f} ms) |"
+        )
+    overhead = data["overhead"]
+    lines.append(
+        f"| 10,000 back-to-back 4-byte allreduces, world 2 (budget < 1 s) | "
+        f"{overhead['seconds']:.3f} s; a 1 ms ticker task in the same Trio run ticked "
+        f"{overhead['ticker_ticks']} times meanwhile |"
+    )
     return "\n".join(lines) + "\n"
 
 
@@ -120,10 +191,16 @@ def main() -> None:
     args = parser.parse_args()
     cells = load(args.json)
     OUT.mkdir(parents=True, exist_ok=True)
-    plot_busbw([c for c in cells if c["collective"] != "barrier"])
-    plot_ratio([c for c in cells if c["collective"] != "barrier"])
-    (OUT / "results.md").write_text(table(cells))
-    print(f"wrote {OUT / 'busbw.svg'}, {OUT / 'time.svg'}, {OUT / 'results.md'}")
+    plotted = [c for c in cells if c["collective"] != "barrier" and c["transport"] == "unix"]
+    plot_busbw(plotted)
+    plot_ratio(plotted)
+    TABLES.mkdir(parents=True, exist_ok=True)
+    (TABLES / "results.md").write_text(table(cells))
+    (TABLES / "targets.md").write_text(targets(cells))
+    budget_json = TABLES / "budget.json"
+    if budget_json.exists():
+        (TABLES / "budget.md").write_text(budget(budget_json))
+    print(f"wrote busbw.svg and time.svg in {OUT}; results, targets and budget in {TABLES}")
 
 
 if __name__ == "__main__":
