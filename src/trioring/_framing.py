@@ -600,6 +600,13 @@ def abort_error(
     return error
 
 
+_WHAT_HAPPENED: dict[int, tuple[type[CollectiveError], str]] = {
+    AbortKind.FAILED: (PeerFailedError, "failed"),
+    AbortKind.MISMATCH: (CollectiveMismatchError, "detected mismatched collectives"),
+    AbortKind.PROTOCOL: (ProtocolError, "received malformed data"),
+}
+
+
 def _abort_error(
     rank: int,
     sender: int,
@@ -612,47 +619,21 @@ def _abort_error(
     job_id: str | None,
 ) -> CollectiveError:
     where = f"rank {rank}: {spec.kind.label} #{spec.seq}"
-    via = "" if subject == sender else f" (relayed by rank {sender})"
     label = spec.kind.label
+
+    def error(cls: type[CollectiveError], message: str, peer: int) -> CollectiveError:
+        return cls(message, rank=rank, peer=peer, collective=label, seq=spec.seq, job_id=job_id)
+
     if kind == AbortKind.FAILED and subject == rank:
         # The reporter lost its connection to *us* and says so: from here, it is the
         # reporter whose link failed, not this (live) rank.
-        relayed = "" if reporter == sender else f" (relayed by rank {sender})"
-        return PeerFailedError(
-            f"{where}: rank {reporter} lost its connection to this rank{relayed}: {reason}",
-            rank=rank,
-            peer=reporter,
-            collective=label,
-            seq=spec.seq,
-            job_id=job_id,
-        )
-    if kind == AbortKind.FAILED:
-        return PeerFailedError(
-            f"{where}: rank {subject} failed{via}: {reason}",
-            rank=rank,
-            peer=subject,
-            collective=label,
-            seq=spec.seq,
-            job_id=job_id,
-        )
-    if kind == AbortKind.MISMATCH:
-        return CollectiveMismatchError(
-            f"{where}: rank {subject} detected mismatched collectives{via}: {reason}",
-            rank=rank,
-            peer=subject,
-            collective=label,
-            seq=spec.seq,
-            job_id=job_id,
-        )
-    if kind == AbortKind.PROTOCOL:
-        return ProtocolError(
-            f"{where}: rank {subject} received malformed data{via}: {reason}",
-            rank=rank,
-            peer=subject,
-            collective=label,
-            seq=spec.seq,
-            job_id=job_id,
-        )
+        via = "" if reporter == sender else f" (relayed by rank {sender})"
+        message = f"{where}: rank {reporter} lost its connection to this rank{via}: {reason}"
+        return error(PeerFailedError, message, reporter)
+    via = "" if subject == sender else f" (relayed by rank {sender})"
+    if kind in _WHAT_HAPPENED:
+        cls, what = _WHAT_HAPPENED[kind]
+        return error(cls, f"{where}: rank {subject} {what}{via}: {reason}", subject)
     verb = "cancelled" if kind == AbortKind.CANCELLED else "aborted"
     return PeerAbortedError(
         f"{where}: rank {subject} {verb} collective #{seq}{via}: {reason}",
