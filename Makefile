@@ -5,7 +5,7 @@
 #   make test    the test suite
 #   make lint    ruff (lint + format check) and mypy --strict
 #   make docs    build the documentation site (strict) into site/; `make serve` to browse it
-#   make bench   trioring vs torch.distributed Gloo on this machine (worlds 2 and 4, ~10 min);
+#   make bench   trioring vs torch.distributed Gloo on this machine (worlds 2 and 4, a few minutes);
 #                writes bench/results/*.json and the plots and table of docs/performance.md
 #   make clean   remove .venv, caches and build outputs
 #

@@ -93,6 +93,8 @@ def plot_ratio(cells: list[dict]) -> None:
             )
     ax.axhline(1.0, color="gray", linewidth=1)
     ax.set_xscale("log", base=2)
+    sizes = sorted({c["size"] for c in cells})
+    ax.set_xticks(sizes, [format_size(s) for s in sizes], rotation=45)
     ax.set_yscale("log")
     ax.set_xlabel("array size (bytes)")
     ax.set_ylabel("time trioring / time Gloo (below 1: trioring faster)")
@@ -148,9 +150,8 @@ def targets(cells: list[dict]) -> str:
     ]
     for collective, n, size, transport, limit in TARGETS:
         cell = index.get((collective, n, size, transport))
-        name = (
-            f"{collective} {format_size(size)}, world {n}" if size else f"{collective}, world {n}"
-        )
+        label = format_size(size) + (" B" if size < 1024 else "")
+        name = f"{collective} {label}, world {n}" if size else f"{collective}, world {n}"
         name += f" ({transport})"
         if cell is None:
             lines.append(f"| {name} | <= {limit} | not measured | | | |")
