@@ -50,8 +50,9 @@ $(call INSTALL_STAMP,base): pyproject.toml $(VENV_STAMP)
 	$(BIN)/python -m pip install --quiet -e .
 	@touch $@
 
+# The docs extra too: tests/test_docs.py builds the site.
 $(call INSTALL_STAMP,test): pyproject.toml $(VENV_STAMP)
-	$(BIN)/python -m pip install --quiet -e '.[test]'
+	$(BIN)/python -m pip install --quiet -e '.[test,docs]'
 	$(BIN)/python -m pip install --quiet --group interop
 	@touch $@
 
