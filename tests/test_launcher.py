@@ -121,6 +121,14 @@ def _alive(pid: int, marker: str) -> bool:
     return marker.encode() in cmdline
 
 
+_DEFAULT_SIGNALS = (
+    "import os, signal, sys\n"
+    "for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):\n"
+    "    signal.signal(s, signal.SIG_DFL)\n"
+    "os.execv(sys.argv[1], sys.argv[1:])"
+)
+
+
 class Job:
     """One launcher invocation over :data:`RANK_SCRIPT` in a private directory."""
 
@@ -141,8 +149,11 @@ class Job:
         ]  # fmt: skip
 
     def start(self, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+        # The launcher keeps signals it inherits as ignored (like nohup's SIGHUP), and a shell
+        # running the suite in the background without job control ignores SIGINT: start it
+        # with the default dispositions, whatever this process inherited.
         process = subprocess.Popen(
-            argv,
+            [sys.executable, "-c", _DEFAULT_SIGNALS, *argv],
             cwd=self.dir,
             env=env,
             stdin=subprocess.DEVNULL,
