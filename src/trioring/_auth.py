@@ -33,6 +33,8 @@ from typing import TYPE_CHECKING, final
 import attrs
 import trio
 
+from ._util import recv_exactly
+
 if TYPE_CHECKING:
     from .transports import Connection
 
@@ -102,21 +104,16 @@ def _mac(
     return hmac.new(credentials.secret, transcript, hashlib.sha256).digest()
 
 
-async def _read_exactly(connection: Connection, size: int) -> bytes:
-    buffer = bytearray(size)
-    view = memoryview(buffer)
-    while view.nbytes:
-        try:
-            got = await connection.recv_into(view)
-        except trio.BrokenResourceError as exc:
-            raise HandshakeError(f"connection broke during the handshake: {exc}") from exc
-        if not got:
-            raise HandshakeError(
-                "the peer closed the connection during the handshake (it rejected us: "
-                "different TRIORING_SECRET, TRIORING_JOB_ID or world?)"
-            )
-        view = view[got:]
-    return bytes(buffer)
+async def _read_exactly(connection: Connection, size: int) -> bytearray:
+    try:
+        return await recv_exactly(connection, size)
+    except trio.BrokenResourceError as exc:
+        raise HandshakeError(f"connection broke during the handshake: {exc}") from exc
+    except EOFError:
+        raise HandshakeError(
+            "the peer closed the connection during the handshake (it rejected us: "
+            "different TRIORING_SECRET, TRIORING_JOB_ID or world?)"
+        ) from None
 
 
 async def _send(connection: Connection, data: bytes) -> None:

@@ -221,7 +221,8 @@ class Communicator(metaclass=NoPublicConstructor):
                 that element's sum, before it is shared. Either way the mean is bitwise
                 identical everywhere.
 
-        Algorithm (constants in ``trioring._communicator``): up to ``SMALL_ALLREDUCE_BYTES``,
+        Algorithm (the size thresholds are internal tuning constants; the algorithms page of
+        the documentation gives their current values): up to ``SMALL_ALLREDUCE_BYTES``,
         recursive doubling (``ceil(log2 n)`` exchanges of the whole array: latency-bound
         sizes). Above, when every rank agreed at opening to use cross-memory attach (the
         ``"cma"`` entry of :attr:`features`), each rank reduces its ``1/n`` segment by

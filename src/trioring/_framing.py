@@ -35,7 +35,7 @@ from ._errors import (
     ProtocolError,
     TrioringError,
 )
-from .transports._socket import SocketConnection
+from .transports._socket import SocketConnection, advance
 
 if TYPE_CHECKING:
     from .transports import Connection
@@ -185,9 +185,16 @@ class Link:
 
     def memory_failed(self, spec: OpSpec, error: OSError) -> PeerFailedError:
         """The error for a failed cross-memory read from this link's peer."""
-        return PeerFailedError(
-            f"{self._context(spec)}: could not read the memory of peer rank {self.peer} "
-            f"({error.strerror}; the peer exited or left the collective)",
+        return self._peer_failed(
+            spec,
+            f"could not read the memory of peer rank {self.peer} ({error.strerror}; the peer "
+            "exited or left the collective)",
+        )
+
+    def protocol_error(self, spec: OpSpec, detail: str) -> ProtocolError:
+        """A :class:`ProtocolError` about what this link's peer sent."""
+        return ProtocolError(
+            f"{self._context(spec)}: from peer rank {self.peer}: {detail}",
             rank=self.rank,
             job_id=self.job_id,
             peer=self.peer,
@@ -195,13 +202,12 @@ class Link:
             seq=spec.seq,
         )
 
-    def protocol_error(self, spec: OpSpec, detail: str) -> ProtocolError:
-        """A :class:`ProtocolError` about what this link's peer sent."""
-        return self._protocol(spec, detail)
-
     def _failed(self, spec: OpSpec, detail: str) -> PeerFailedError:
+        return self._peer_failed(spec, f"connection to peer rank {self.peer} {detail}")
+
+    def _peer_failed(self, spec: OpSpec, what: str) -> PeerFailedError:
         return PeerFailedError(
-            f"{self._context(spec)}: connection to peer rank {self.peer} {detail}",
+            f"{self._context(spec)}: {what}",
             rank=self.rank,
             job_id=self.job_id,
             peer=self.peer,
@@ -215,16 +221,6 @@ class Link:
             "collective was running",
             rank=self.rank,
             job_id=self.job_id,
-            collective=spec.kind.label,
-            seq=spec.seq,
-        )
-
-    def _protocol(self, spec: OpSpec, detail: str) -> ProtocolError:
-        return ProtocolError(
-            f"{self._context(spec)}: from peer rank {self.peer}: {detail}",
-            rank=self.rank,
-            job_id=self.job_id,
-            peer=self.peer,
             collective=spec.kind.label,
             seq=spec.seq,
         )
@@ -262,7 +258,7 @@ class Link:
             return None
         if sent:
             self.send_clean = False
-        return _advance(views, sent)
+        return advance(views, sent)
 
     async def finish_send(self, spec: OpSpec, views: list[memoryview]) -> None:
         """Send the rest of a frame that :meth:`start_send` began."""
@@ -279,7 +275,7 @@ class Link:
                 while views:
                     self.parks += 1
                     await fast.wait_writable()
-                    views = _advance(views, fast.send_nowait(views))
+                    views = advance(views, fast.send_nowait(views))
         except trio.BrokenResourceError as exc:
             await self._raise_pending_abort(spec)
             raise self._failed(spec, f"broke while sending: {exc}") from exc
@@ -533,13 +529,13 @@ class Link:
             HEADER.unpack_from(self._inbox)
         )
         if magic != MAGIC or version != VERSION:
-            raise self._protocol(
+            raise self.protocol_error(
                 spec, f"bad frame header (magic {magic!r}, version {version}); not a trioring peer?"
             )
         if ftype == FrameType.ABORT:
             await self._raise_abort(spec, kind, root, seq, nbytes, count)
         if ftype != FrameType.DATA:
-            raise self._protocol(spec, f"unknown frame type {ftype}")
+            raise self.protocol_error(spec, f"unknown frame type {ftype}")
         if (kind, seq, dtype, count, op, root) != (
             spec.kind,
             spec.seq,
@@ -558,7 +554,7 @@ class Link:
                 seq=spec.seq,
             )
         if r_offset != offset or nbytes != into.nbytes:
-            raise self._protocol(
+            raise self.protocol_error(
                 spec,
                 f"expected the chunk at element {offset} of {into.nbytes} bytes, got element "
                 f"{r_offset} of {nbytes} bytes",
@@ -570,7 +566,7 @@ class Link:
         self, spec: OpSpec, kind: int, subject: int, seq: int, nbytes: int, reporter: int
     ) -> NoReturn:
         if nbytes > MAX_REASON_BYTES:
-            raise self._protocol(spec, f"abort reason of {nbytes} bytes is too long")
+            raise self.protocol_error(spec, f"abort reason of {nbytes} bytes is too long")
         data = bytearray(nbytes)
         if nbytes:
             await self._recv_exactly(spec, memoryview(data), "an abort reason")
@@ -578,6 +574,13 @@ class Link:
         raise abort_error(
             self.rank, self.peer, spec, kind, subject, seq, reason, reporter, self.job_id
         )
+
+
+_WHAT_HAPPENED: dict[int, tuple[type[CollectiveError], str]] = {
+    AbortKind.FAILED: (PeerFailedError, "failed"),
+    AbortKind.MISMATCH: (CollectiveMismatchError, "detected mismatched collectives"),
+    AbortKind.PROTOCOL: (ProtocolError, "received malformed data"),
+}
 
 
 def abort_error(
@@ -591,68 +594,44 @@ def abort_error(
     reporter: int,
     job_id: str | None = None,
 ) -> CollectiveError:
-    """The exception a rank raises on receiving an abort frame from ``sender``."""
-    error = _abort_error(rank, sender, spec, kind, subject, seq, reason, reporter, job_id)
-    # Passed on as is, except news of our own failure: that is news of the reporter's link.
-    about_self = subject == rank
-    error._trioring_abort = (kind, reporter if about_self else subject, reason, reporter)
-    error._trioring_about_self = about_self
-    return error
-
-
-_WHAT_HAPPENED: dict[int, tuple[type[CollectiveError], str]] = {
-    AbortKind.FAILED: (PeerFailedError, "failed"),
-    AbortKind.MISMATCH: (CollectiveMismatchError, "detected mismatched collectives"),
-    AbortKind.PROTOCOL: (ProtocolError, "received malformed data"),
-}
-
-
-def _abort_error(
-    rank: int,
-    sender: int,
-    spec: OpSpec,
-    kind: int,
-    subject: int,
-    seq: int,
-    reason: str,
-    reporter: int,
-    job_id: str | None,
-) -> CollectiveError:
+    """The exception a rank raises on receiving an abort frame from ``sender``, carrying what
+    to tell its own peers in turn."""
     where = f"rank {rank}: {spec.kind.label} #{spec.seq}"
     label = spec.kind.label
-
-    def error(cls: type[CollectiveError], message: str, peer: int) -> CollectiveError:
-        return cls(message, rank=rank, peer=peer, collective=label, seq=spec.seq, job_id=job_id)
-
-    if kind == AbortKind.FAILED and subject == rank:
+    about_self = subject == rank
+    error: CollectiveError
+    if kind == AbortKind.FAILED and about_self:
         # The reporter lost its connection to *us* and says so: from here, it is the
         # reporter whose link failed, not this (live) rank.
         via = "" if reporter == sender else f" (relayed by rank {sender})"
         message = f"{where}: rank {reporter} lost its connection to this rank{via}: {reason}"
-        return error(PeerFailedError, message, reporter)
-    via = "" if subject == sender else f" (relayed by rank {sender})"
-    if kind in _WHAT_HAPPENED:
+        error = PeerFailedError(
+            message, rank=rank, peer=reporter, collective=label, seq=spec.seq, job_id=job_id
+        )
+    elif kind in _WHAT_HAPPENED:
         cls, what = _WHAT_HAPPENED[kind]
-        return error(cls, f"{where}: rank {subject} {what}{via}: {reason}", subject)
-    verb = "cancelled" if kind == AbortKind.CANCELLED else "aborted"
-    return PeerAbortedError(
-        f"{where}: rank {subject} {verb} collective #{seq}{via}: {reason}",
-        reason=reason,
-        rank=rank,
-        peer=subject,
-        collective=label,
-        seq=spec.seq,
-        job_id=job_id,
-    )
-
-
-def _advance(views: list[memoryview], sent: int) -> list[memoryview]:
-    """What is left of ``views`` after the first ``sent`` bytes went out."""
-    rest = []
-    for view in views:
-        if sent >= view.nbytes:
-            sent -= view.nbytes
-            continue
-        rest.append(view[sent:])
-        sent = 0
-    return rest
+        via = "" if subject == sender else f" (relayed by rank {sender})"
+        error = cls(
+            f"{where}: rank {subject} {what}{via}: {reason}",
+            rank=rank,
+            peer=subject,
+            collective=label,
+            seq=spec.seq,
+            job_id=job_id,
+        )
+    else:
+        verb = "cancelled" if kind == AbortKind.CANCELLED else "aborted"
+        via = "" if subject == sender else f" (relayed by rank {sender})"
+        error = PeerAbortedError(
+            f"{where}: rank {subject} {verb} collective #{seq}{via}: {reason}",
+            reason=reason,
+            rank=rank,
+            peer=subject,
+            collective=label,
+            seq=spec.seq,
+            job_id=job_id,
+        )
+    # Passed on as is, except news of our own failure: that is news of the reporter's link.
+    error._trioring_abort = (kind, reporter if about_self else subject, reason, reporter)
+    error._trioring_about_self = about_self
+    return error

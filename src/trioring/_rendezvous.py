@@ -34,6 +34,7 @@ from . import _auth
 from ._concurrency import is_cancellation, run_concurrently
 from ._errors import RendezvousError
 from ._framing import Link
+from ._util import recv_exactly
 from .transports import Connection, Listener, Transport, TransportContext
 from .transports._socket import SocketListener
 from .transports._tcp import format_host_port, parse_host_port
@@ -76,17 +77,12 @@ class _BadMessage(Exception):
 
 
 async def _recv_exactly(connection: Connection, size: int) -> bytearray:
-    data = bytearray(size)
-    view = memoryview(data)
-    while view.nbytes:
-        try:
-            got = await connection.recv_into(view)
-        except trio.BrokenResourceError as exc:
-            raise _BadMessage(f"connection broke: {exc}") from exc
-        if not got:
-            raise _BadMessage("connection closed before the message was complete")
-        view = view[got:]
-    return data
+    try:
+        return await recv_exactly(connection, size)
+    except trio.BrokenResourceError as exc:
+        raise _BadMessage(f"connection broke: {exc}") from exc
+    except EOFError:
+        raise _BadMessage("connection closed before the message was complete") from None
 
 
 async def _send_message(connection: Connection, kind: int, body: dict[str, Any]) -> None:

@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+
+if TYPE_CHECKING:
+    from .transports import Connection
 
 T = TypeVar("T")
+
+
+async def recv_exactly(connection: Connection, size: int) -> bytearray:
+    """Receive exactly ``size`` bytes. Raises :class:`EOFError` if the peer closes first;
+    :class:`trio.BrokenResourceError` passes through."""
+    data = bytearray(size)
+    view = memoryview(data)
+    while view.nbytes:
+        got = await connection.recv_into(view)
+        if not got:
+            raise EOFError(f"connection closed after {size - view.nbytes} of {size} bytes")
+        view = view[got:]
+    return data
 
 
 class NoPublicConstructor(type):

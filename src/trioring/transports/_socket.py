@@ -26,6 +26,18 @@ _ACCEPT_CAPACITY_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOMEM, errno.ENOBU
 _ACCEPT_CAPACITY_SLEEP = 0.1
 
 
+def advance(views: list[memoryview], sent: int) -> list[memoryview]:
+    """What is left of ``views`` after their first ``sent`` bytes went out."""
+    rest = []
+    for view in views:
+        if sent >= view.nbytes:
+            sent -= view.nbytes
+            continue
+        rest.append(view[sent:])
+        sent = 0
+    return rest
+
+
 @final
 class SocketConnection(Connection):
     """A connected stream socket (TCP or AF_UNIX)."""
@@ -55,16 +67,7 @@ class SocketConnection(Connection):
         sock = self._sock
         try:
             while views:
-                sent: int = await sock.sendmsg(views)
-                # Drop what went out; at most one buffer is left partly sent.
-                while sent:
-                    head = views[0]
-                    if sent >= head.nbytes:
-                        sent -= head.nbytes
-                        views.pop(0)
-                    else:
-                        views[0] = head[sent:]
-                        sent = 0
+                views = advance(views, await sock.sendmsg(views))
         except OSError as exc:
             if sock.fileno() == -1:
                 raise trio.ClosedResourceError("connection was closed") from None
