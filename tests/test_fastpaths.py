@@ -14,7 +14,9 @@ import os
 import signal
 import subprocess
 import sys
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
@@ -22,6 +24,12 @@ import pytest
 import trioring
 from trioring import _cma
 from trioring._config import spin_seconds
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncIterator
+
+    from trioring._framing import Link
+    from trioring.transports._socket import SocketConnection
 
 WORKER = Path(__file__).parent / "workers" / "stress_worker.py"
 ITERATIONS = 30
@@ -192,3 +200,97 @@ async def test_two_long_waits_never_watch_the_same_link(autojump_clock: object) 
     assert "rank 3 cancelled" in str(aborted)
     for connection in theirs:
         await connection.aclose()
+
+
+@asynccontextmanager
+async def socket_links(count: int) -> AsyncIterator[tuple[list[Link], list[SocketConnection]]]:
+    """Links from rank 0 to peers 1..count over socketpairs, each watching the others, and
+    the peers' ends of the sockets; all closed on exit."""
+    import socket
+
+    import trio
+
+    from trioring._framing import Link
+    from trioring.transports._socket import SocketConnection
+
+    ours, theirs = [], []
+    for _ in range(count):
+        a, b = socket.socketpair()
+        ours.append(SocketConnection(trio.socket.from_stdlib_socket(a)))
+        theirs.append(SocketConnection(trio.socket.from_stdlib_socket(b)))
+    links = [Link(0, peer + 1, connection) for peer, connection in enumerate(ours)]
+    for link in links:
+        link.watch = links
+    try:
+        yield links, theirs
+    finally:
+        for connection in ours + theirs:
+            await connection.aclose()
+
+
+@pytest.mark.parametrize("frames_before", [0, 1, 3])
+async def test_a_long_wait_sees_an_abort_behind_data_frames(
+    autojump_clock: object, frames_before: int
+) -> None:
+    """A peer that sent its part of a step and then gave up leaves data frames in front of
+    its abort frame. A receive waiting on another link must still end with that abort, read
+    past the data frames by the watch on the idle link."""
+    import trio
+
+    from trioring._framing import AbortKind, Kind, Link, OpSpec
+
+    spec = OpSpec(Kind.ALLREDUCE, 5, dtype_code=1, count=4, op_code=1)
+    async with socket_links(2) as (links, theirs):
+        sender = Link(2, 0, theirs[1])
+        for step in range(frames_before):
+            await sender.send(spec, step, memoryview(bytes(16)))
+
+        async def abort_later() -> None:
+            await trio.sleep(1)  # long past the watch threshold
+            await sender.send_abort(AbortKind.CANCELLED, 2, 5, "cancelled", 2)
+
+        errors: list[trioring.TrioringError] = []
+
+        async def receive() -> None:
+            try:
+                await links[0].recv(spec, 0, memoryview(bytearray(16)))
+            except trioring.TrioringError as exc:
+                errors.append(exc)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(abort_later)
+            nursery.start_soon(receive)
+        [error] = errors
+        assert isinstance(error, trioring.PeerAbortedError), error
+        assert error.peer == 2
+        assert "rank 2 cancelled" in str(error)
+
+
+async def test_frames_read_ahead_by_a_watch_are_received_intact(autojump_clock: object) -> None:
+    """Data frames that a watch read ahead (no abort came) are received afterwards exactly as
+    if they had stayed in the socket: same bytes, same order, then the rest from the socket."""
+    import trio
+
+    from trioring._framing import HEADER, Kind, Link, OpSpec
+
+    spec = OpSpec(Kind.ALLREDUCE, 9, dtype_code=1, count=4, op_code=1)
+    payloads = [bytes([step + 1]) * 16 for step in range(3)]
+    async with socket_links(2) as (links, theirs):
+        sender = Link(2, 0, theirs[1])
+        for step in range(2):
+            await sender.send(spec, step, memoryview(payloads[step]))
+
+        async def answer_later() -> None:
+            await trio.sleep(1)  # the watch on the idle link has read both frames by now
+            assert len(links[1]._ahead) == 2 * (HEADER.size + 16)
+            await Link(1, 0, theirs[0]).send(spec, 0, memoryview(bytes(16)))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(answer_later)
+            await links[0].recv(spec, 0, memoryview(bytearray(16)))
+        await sender.send(spec, 2, memoryview(payloads[2]))
+        for step in range(3):
+            got = bytearray(16)
+            await links[1].recv(spec, step, memoryview(got))
+            assert bytes(got) == payloads[step]
+        assert not links[1]._ahead

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import struct
+import time
 from typing import TYPE_CHECKING, final
 
 import attrs
@@ -340,6 +341,9 @@ async def barrier(world: World, spec: OpSpec) -> None:
 # region holds what the step needs, and it returns only after every peer said it has finished
 # reading its array, so a caller may overwrite the array as soon as the call returns.
 
+#: How long a copy may hold the thread before it lets other tasks run.
+_SCHEDULE_EVERY_SECONDS = 0.001
+
 _ANNOUNCE = struct.Struct("<QQ")  # address of the array's data, its size in bytes
 
 
@@ -354,11 +358,14 @@ def _parse_announce(link: Link, spec: OpSpec, data: bytearray, nbytes: int) -> i
 
 async def _read(world: World, spec: OpSpec, peer: int, address: int, into: np.ndarray) -> None:
     """Copy ``into.nbytes`` bytes from ``address`` in ``peer``'s memory into ``into``, chunk by
-    chunk with a checkpoint after each, so other tasks run and cancellation is noticed."""
+    chunk. Cancellation is noticed after every chunk; other tasks get to run at least every
+    millisecond (a schedule point after each chunk would cost more than the copy itself at a
+    few MiB)."""
     assert world.peer_pids is not None
     pid = world.peer_pids[peer]
     local = into.ctypes.data
     done, total = 0, into.nbytes
+    since = time.perf_counter()
     while done < total:
         step = min(world.chunk_bytes, total - done)
         try:
@@ -366,7 +373,11 @@ async def _read(world: World, spec: OpSpec, peer: int, address: int, into: np.nd
         except _cma.CmaError as exc:
             raise world.links[peer].memory_failed(spec, exc) from exc
         done += step
-        await trio.lowlevel.checkpoint()
+        if time.perf_counter() - since >= _SCHEDULE_EVERY_SECONDS:
+            await trio.lowlevel.checkpoint()
+            since = time.perf_counter()
+        else:
+            await trio.lowlevel.checkpoint_if_cancelled()
 
 
 async def cma_allreduce(
@@ -384,9 +395,11 @@ async def cma_allreduce(
     Each segment is computed on one rank only and copied from there, so the result is
     bitwise identical on every rank. Frames: step 0 announces the array's address, step 1
     says "my segment is final" (after which peers read it, and we may overwrite theirs in
-    ours), step 2 says "done reading yours". One listener task per peer receives that peer's
-    three frames as they come, so an abort frame from any peer is seen at once, whichever
-    peer the reading task is waiting for. Scratch: one chunk.
+    ours), step 2 says "done reading yours". Each rank sends a step to every peer before it
+    waits for that step from any, so one task does it all, without deadlock: starting tasks
+    and passing frames between them cost more than the copies at a few MiB. An abort frame
+    from a peer other than the one being waited for is still seen, by the watch that a long
+    wait keeps on the idle links (``Link._park``). Scratch: one chunk.
     """
     n, r = world.size, world.rank
     peers = [q for q in range(n) if q != r]
@@ -394,58 +407,44 @@ async def cma_allreduce(
     total = flat.shape[0]
     bounds = [i * total // n for i in range(n + 1)]
     addresses: dict[int, int] = {}
-    announced = {peer: trio.Event() for peer in peers}
-    final = {peer: trio.Event() for peer in peers}
     empty = memoryview(b"")
-
-    def listener(peer: int) -> Callable[[], Awaitable[None]]:
-        link = world.links[peer]
-
-        async def listen() -> None:
-            data = bytearray(_ANNOUNCE.size)
-            await link.recv(spec, 0, memoryview(data))
-            addresses[peer] = _parse_announce(link, spec, data, flat.nbytes)
-            announced[peer].set()
-            await link.recv(spec, 1, empty)
-            final[peer].set()
-            # The peer has finished reading our array: only now may we return.
-            await link.recv(spec, 2, empty)
-
-        return listen
-
-    async def work() -> None:
-        mine = memoryview(_ANNOUNCE.pack(flat.ctypes.data, flat.nbytes))
+    announce = bytearray(_ANNOUNCE.size)
+    # Every wait here is for a peer that is copying (at least) a segment: polling would only
+    # take the CPU from it.
+    for peer in peers:
+        await world.links[peer].send(
+            spec, 0, memoryview(_ANNOUNCE.pack(flat.ctypes.data, flat.nbytes))
+        )
+    chunk = max(1, world.chunk_bytes // itemsize)
+    scratch = world.scratch[: chunk * itemsize].view(flat.dtype)
+    lo, hi = bounds[r], bounds[r + 1]
+    # Overflow to inf is a valid result, as in ring_allreduce.
+    with np.errstate(all="ignore"):
         for peer in peers:
-            await world.links[peer].send(spec, 0, mine)
-        chunk = max(1, world.chunk_bytes // itemsize)
-        scratch = world.scratch[: chunk * itemsize].view(flat.dtype)
-        lo, hi = bounds[r], bounds[r + 1]
-        # Overflow to inf is a valid result, as in ring_allreduce.
-        with np.errstate(all="ignore"):
-            for peer in peers:
-                await announced[peer].wait()
-                for offset, count in _chunks(lo, hi, chunk):
-                    if not count:
-                        continue
-                    incoming = scratch[:count]
-                    address = addresses[peer] + offset * itemsize
-                    await _read(world, spec, peer, address, incoming)
-                    target = flat[offset : offset + count]
-                    reduce(target, incoming, out=target)
-            if divide:
-                np.divide(flat[lo:hi], n, out=flat[lo:hi])
-        for peer in peers:
-            await world.links[peer].send(spec, 1, empty)
-        for peer in peers:
-            await final[peer].wait()
-            start, stop = bounds[peer], bounds[peer + 1]
-            if stop > start:
-                address = addresses[peer] + start * itemsize
-                await _read(world, spec, peer, address, flat[start:stop])
-        for peer in peers:
-            await world.links[peer].send(spec, 2, empty)
-
-    await run_concurrently(work, *(listener(peer) for peer in peers))
+            link = world.links[peer]
+            await link.recv(spec, 0, memoryview(announce), spin=False)
+            addresses[peer] = address = _parse_announce(link, spec, announce, flat.nbytes)
+            for offset, count in _chunks(lo, hi, chunk):
+                if not count:
+                    continue
+                incoming = scratch[:count]
+                await _read(world, spec, peer, address + offset * itemsize, incoming)
+                target = flat[offset : offset + count]
+                reduce(target, incoming, out=target)
+        if divide:
+            np.divide(flat[lo:hi], n, out=flat[lo:hi])
+    for peer in peers:
+        await world.links[peer].send(spec, 1, empty)
+    for peer in peers:
+        await world.links[peer].recv(spec, 1, empty, spin=False)
+        start, stop = bounds[peer], bounds[peer + 1]
+        if stop > start:
+            await _read(world, spec, peer, addresses[peer] + start * itemsize, flat[start:stop])
+    for peer in peers:
+        await world.links[peer].send(spec, 2, empty)
+    # The peers have finished reading our array: only now may we return.
+    for peer in peers:
+        await world.links[peer].recv(spec, 2, empty, spin=False)
 
 
 async def cma_broadcast(world: World, spec: OpSpec, flat: np.ndarray, root: int) -> None:

@@ -53,6 +53,8 @@ _PENDING_ABORT_SECONDS = 0.05
 _PENDING_FRAMES_SKIPPED = 4
 # A receive that waits longer than this starts watching the other idle links for aborts.
 _WATCH_AFTER_SECONDS = 0.02
+# How many small data frames a watch reads ahead on one link, at most, before it gives up.
+_WATCH_FRAMES = 8
 NO_ROOT = -1
 
 
@@ -177,6 +179,9 @@ class Link:
         self._inbox = bytearray(HEADER.size + SMALL_FRAME)
         self._inbox_view = memoryview(self._inbox)
         self._pending = memoryview(b"")
+        # Whole frames (and the start of one) that a watch read ahead of the next receive.
+        self._ahead = bytearray()
+        self._scratch_ahead = bytearray(HEADER.size + SMALL_FRAME)
 
     # -- errors ------------------------------------------------------------------------
 
@@ -356,20 +361,28 @@ class Link:
         finally:
             self._watching = False
 
-    async def _recv_some(self, spec: OpSpec, view: memoryview, what: str) -> int:
+    async def _recv_some(
+        self, spec: OpSpec, view: memoryview, what: str, *, spin: bool = True
+    ) -> int:
         """Receive at least one byte into ``view``, or 0 at end of stream. With a socket
         connection, take what is already there without a trip through the scheduler, and
         when nothing is, poll for up to ``spin_seconds`` (yielding the CPU between tries)
         before parking: a peer on another core often answers within microseconds, far
         sooner than a wake-up through the event loop would deliver it. While other tasks of
         this program are runnable, the poll lets them run instead of yielding the CPU."""
+        if self._ahead:
+            # Read ahead by a watch (see _watch_for_abort); a plain copy, not a checkpoint.
+            taken = min(len(self._ahead), view.nbytes)
+            view[:taken] = self._ahead[:taken]
+            del self._ahead[:taken]
+            return taken
         fast = self._fast
         try:
             if fast is None:
                 self.parks += 1
                 return await self.connection.recv_into(view)
             got = fast.recv_nowait(view)
-            if got is None and self.spin_seconds:
+            if got is None and spin and self.spin_seconds:
                 deadline = time.perf_counter() + self.spin_seconds
                 statistics = trio.lowlevel.current_statistics
                 while got is None and time.perf_counter() < deadline:
@@ -441,38 +454,55 @@ class Link:
         return self._fast is not None and not self.receiving and not self._watching
 
     async def _watch_for_abort(self, spec: OpSpec) -> CollectiveError | None:
-        """Read ahead on this idle link until a whole frame header is here: the error its
-        abort frame means, if it is one; else None, leaving every byte read for the next
-        receive (in ``_pending``). Also None when the connection ends or breaks: the next
-        receive on it reports that. The caller has marked the link as watched."""
+        """Read ahead on this idle link, frame by frame, until an abort frame arrives: the
+        error it means. Small data frames on the way (a peer may well have sent its part of
+        this step before it gave up) are kept, whole, in ``_ahead``, where the next receive
+        takes them from. None when a large data frame comes, after ``_WATCH_FRAMES`` small
+        ones, or when the connection ends or breaks: the next receive on it reports that.
+        The caller has marked the link as watched."""
         fast = self._fast
         assert fast is not None
-        header = bytearray(HEADER.size)
-        have = min(self._pending.nbytes, HEADER.size)
-        header[:have] = self._pending[:have]
-        if self._pending.nbytes > HEADER.size:
-            return None  # more than a header is buffered: it is a data frame
+        if self._pending.nbytes:
+            return None  # a receive was interrupted mid-frame: its bytes are not ours to parse
         try:
-            while have < HEADER.size:
-                await fast.wait_readable()
-                got = fast.recv_nowait(memoryview(header)[have:])
-                if got is None:
-                    continue
-                if not got:
+            start = 0  # where the frame being looked at begins in _ahead
+            for _ in range(_WATCH_FRAMES):
+                await self._read_ahead(fast, start + HEADER.size)
+                (magic, version, ftype, kind, _, _, root, seq, count, _, nbytes) = (
+                    HEADER.unpack_from(self._ahead, start)
+                )
+                if magic != MAGIC or version != VERSION:
                     return None
-                have += got
-                self._pending = memoryview(header)[:have]
-            (magic, version, ftype, kind, _, _, root, seq, count, _, nbytes) = HEADER.unpack(header)
-            if magic != MAGIC or version != VERSION or ftype != FrameType.ABORT:
-                return None
-            self._pending = memoryview(b"")
-            await self._raise_abort(spec, kind, root, seq, nbytes, count)
-        except (trio.BrokenResourceError, trio.ClosedResourceError):
+                if ftype == FrameType.ABORT:
+                    # The link breaks now: the data frames before the abort are not needed.
+                    del self._ahead[: start + HEADER.size]
+                    await self._raise_abort(spec, kind, root, seq, nbytes, count)
+                if ftype != FrameType.DATA or nbytes > SMALL_FRAME:
+                    return None
+                start += HEADER.size + nbytes
+                await self._read_ahead(fast, start)
+        except (trio.BrokenResourceError, trio.ClosedResourceError, EOFError):
             return None
         except CollectiveError as exc:
             return exc
+        return None
 
-    async def _recv_exactly(self, spec: OpSpec, view: memoryview, what: str) -> None:
+    async def _read_ahead(self, fast: SocketConnection, total: int) -> None:
+        """Receive into ``_ahead`` until it holds ``total`` bytes. Every byte received is
+        in ``_ahead`` at once, so a cancellation loses nothing. EOFError at end of stream."""
+        while len(self._ahead) < total:
+            await fast.wait_readable()
+            chunk = memoryview(self._scratch_ahead)[: total - len(self._ahead)]
+            got = fast.recv_nowait(chunk)
+            if got is None:
+                continue
+            if not got:
+                raise EOFError
+            self._ahead += chunk[:got]
+
+    async def _recv_exactly(
+        self, spec: OpSpec, view: memoryview, what: str, *, spin: bool = True
+    ) -> None:
         total = view.nbytes
         if self._pending.nbytes and total:
             taken = min(self._pending.nbytes, total)
@@ -480,7 +510,7 @@ class Link:
             self._pending = self._pending[taken:]
             view = view[taken:]
         while view.nbytes:
-            got = await self._recv_some(spec, view, what)
+            got = await self._recv_some(spec, view, what, spin=spin)
             if not got:
                 done = total - view.nbytes
                 raise self._failed(
@@ -490,16 +520,18 @@ class Link:
                 )
             view = view[got:]
 
-    async def recv(self, spec: OpSpec, offset: int, into: memoryview) -> None:
+    async def recv(self, spec: OpSpec, offset: int, into: memoryview, *, spin: bool = True) -> None:
         """Receive the DATA frame of ``spec`` at element ``offset`` whose payload fills
-        ``into`` exactly. Raises the precise :class:`CollectiveError` on anything else."""
+        ``into`` exactly. Raises the precise :class:`CollectiveError` on anything else.
+        ``spin=False`` parks at once when nothing is there: for waits that are known to be
+        long (a peer copying megabytes), where polling would only take the CPU from it."""
         self.receiving = True
         try:
-            await self._recv_frame(spec, offset, into)
+            await self._recv_frame(spec, offset, into, spin)
         finally:
             self.receiving = False
 
-    async def _read_header(self, spec: OpSpec, expected_payload: int) -> None:
+    async def _read_header(self, spec: OpSpec, expected_payload: int, spin: bool) -> None:
         """Receive the next frame header into ``_inbox[:HEADER.size]``. For small frames,
         read the payload we expect along with it (one system call and one checkpoint instead
         of two) and keep it in ``_pending``, where :meth:`_recv_exactly` takes it from. We
@@ -513,7 +545,7 @@ class Link:
             buffer[:have] = self._pending[:have]
             self._pending = self._pending[have:]
         while have < HEADER.size:
-            got = await self._recv_some(spec, buffer[have:], "a frame header")
+            got = await self._recv_some(spec, buffer[have:], "a frame header", spin=spin)
             if not got:
                 raise self._failed(
                     spec,
@@ -523,8 +555,8 @@ class Link:
             have += got
         self._pending = buffer[HEADER.size : have]
 
-    async def _recv_frame(self, spec: OpSpec, offset: int, into: memoryview) -> None:
-        await self._read_header(spec, into.nbytes)
+    async def _recv_frame(self, spec: OpSpec, offset: int, into: memoryview, spin: bool) -> None:
+        await self._read_header(spec, into.nbytes, spin)
         (magic, version, ftype, kind, op, dtype, root, seq, count, r_offset, nbytes) = (
             HEADER.unpack_from(self._inbox)
         )
@@ -560,7 +592,7 @@ class Link:
                 f"{r_offset} of {nbytes} bytes",
             )
         if nbytes:
-            await self._recv_exactly(spec, into, "a payload")
+            await self._recv_exactly(spec, into, "a payload", spin=spin)
 
     async def _raise_abort(
         self, spec: OpSpec, kind: int, subject: int, seq: int, nbytes: int, reporter: int
