@@ -23,6 +23,7 @@ def iterations(size: int) -> int:
 def main() -> None:
     sizes = [int(s) for s in sys.argv[1].split(",")]
     collectives = sys.argv[2].split(",")
+    back_to_back = sys.argv[3:] == ["--back-to-back"]
     dist.init_process_group("gloo")
     rank, n = dist.get_rank(), dist.get_world_size()
     rows = []
@@ -41,6 +42,8 @@ def main() -> None:
                 else:
                     dist.barrier()
                 times[i] = time.perf_counter() - start
+                if not back_to_back:
+                    dist.barrier()  # as trioring bench does (see trioring/_bench.py)
             times = times[3:].contiguous()
             dist.all_reduce(times, op=dist.ReduceOp.MAX)
             rows.append(

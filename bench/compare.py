@@ -26,10 +26,13 @@ from statistics import median
 HERE = Path(__file__).parent
 
 
-def run_trioring(n: int, sizes: str, collectives: list[str], transport: str) -> list[dict]:
+def run_trioring(
+    n: int, sizes: str, collectives: list[str], transport: str, back_to_back: bool
+) -> list[dict]:
     with tempfile.NamedTemporaryFile(suffix=".json") as out:
         args = [sys.executable, "-m", "trioring", "bench", "-n", str(n), "--sizes", sizes]
         args += ["--transport", transport, "--json", out.name]
+        args += ["--back-to-back"] if back_to_back else []
         for collective in collectives:
             args += ["--collective", collective]
         subprocess.run(args, check=True, capture_output=True, timeout=1800)
@@ -42,13 +45,14 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-def run_gloo(n: int, sizes: list[int], collectives: list[str]) -> list[dict]:
+def run_gloo(n: int, sizes: list[int], collectives: list[str], back_to_back: bool) -> list[dict]:
     torchrun = Path(sys.executable).with_name("torchrun")
     result = subprocess.run(
         [
             str(torchrun), f"--nproc-per-node={n}", "--master-addr=127.0.0.1",
             f"--master-port={free_port()}", str(HERE / "_gloo_worker.py"),
             ",".join(map(str, sizes)), ",".join(collectives),
+            *(["--back-to-back"] if back_to_back else []),
         ],
         capture_output=True, text=True, timeout=1800, check=True,
         env={**os.environ, "OMP_NUM_THREADS": "1"},
@@ -89,6 +93,11 @@ def main() -> None:
     parser.add_argument("--transport", default="unix")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json")
+    parser.add_argument(
+        "--back-to-back",
+        action="store_true",
+        help="no barrier between timed calls, on either side (see trioring bench --help)",
+    )
     args = parser.parse_args()
     sys.path.insert(0, str(HERE.parent / "src"))
     from trioring._bench import format_size, parse_sizes
@@ -96,10 +105,11 @@ def main() -> None:
     collectives = args.collective or ["allreduce", "broadcast", "barrier"]
     sizes = parse_sizes(args.sizes)
     cells: dict[tuple[str, int], dict[str, list[float]]] = {}
+    b2b = args.back_to_back
     for round_ in range(args.rounds):
         for name, rows in (
-            ("trioring", run_trioring(args.n, args.sizes, collectives, args.transport)),
-            ("gloo", run_gloo(args.n, sizes, collectives)),
+            ("trioring", run_trioring(args.n, args.sizes, collectives, args.transport, b2b)),
+            ("gloo", run_gloo(args.n, sizes, collectives, b2b)),
         ):
             for row in rows:
                 cell = cells.setdefault(
@@ -110,7 +120,8 @@ def main() -> None:
     limit = socket_limit()
     print(
         f"# world {args.n}, trioring over {args.transport}, Gloo over TCP; medians of "
-        f"{args.rounds} alternating rounds; Unix socket limit here: {limit:.2f} GB/s"
+        f"{args.rounds} alternating rounds; {'back to back' if b2b else 'a barrier between calls'}; "
+        f"Unix socket limit here: {limit:.2f} GB/s"
     )
     print(f"{'collective':>10} {'size':>6} {'trioring us':>12} {'gloo us':>10} {'ratio':>6}")
     table = []
@@ -123,7 +134,7 @@ def main() -> None:
               f"{ours / theirs:>6.2f}")  # fmt: skip
     if args.json:
         Path(args.json).write_text(
-            json.dumps({"socket_limit_GBps": limit, "cells": table}, indent=1)
+            json.dumps({"socket_limit_GBps": limit, "back_to_back": b2b, "cells": table}, indent=1)
         )
 
 

@@ -6,6 +6,11 @@ The launcher side (:func:`bench_command`) starts N ranks of this module
 slowest rank's. Every result is checked (allreduce of ``rank + 1`` everywhere must give
 ``n (n + 1) / 2`` times the op's identity pattern, broadcast must give the root's values),
 outside the timed region; a wrong result makes the run fail.
+
+After each check, every rank enters a barrier (not timed), as the OSU micro-benchmarks do:
+otherwise one rank's check (a pass over the whole array) would run while the others are
+timing their next call, and on a machine with fewer cores than ranks it takes CPU from them.
+``back_to_back`` leaves the barrier out.
 """
 
 from __future__ import annotations
@@ -66,7 +71,13 @@ def _iterations(size: int) -> int:
 
 
 async def _measure(
-    comm: trioring.Communicator, collective: str, size: int, op: str, dtype: np.dtype[Any]
+    comm: trioring.Communicator,
+    collective: str,
+    size: int,
+    op: str,
+    dtype: np.dtype[Any],
+    *,
+    back_to_back: bool,
 ) -> dict[str, Any]:
     n, r = comm.world_size, comm.rank
     count = max(1, size // dtype.itemsize) if collective != "barrier" else 0
@@ -98,6 +109,8 @@ async def _measure(
         times[i] = time.perf_counter() - start
         if collective != "barrier" and not np.array_equal(array, expected):
             errors += 1
+        if not back_to_back:
+            await comm.barrier()
     times = times[3:]  # warm-up
     # The time of an iteration is its slowest rank's; errors are summed over ranks.
     await comm.allreduce(times, op="max")
@@ -122,6 +135,7 @@ async def _measure(
         "algbw_GBps": algbw,
         "busbw_GBps": algbw * factor,
         "errors": int(total_errors[0]),
+        "back_to_back": back_to_back,
     }
 
 
@@ -164,7 +178,14 @@ async def rank_main(config: dict[str, Any]) -> int:
                     file=sys.stderr,
                     flush=True,
                 )
-            row = await _measure(comm, collective, size, config["op"], dtype)
+            row = await _measure(
+                comm,
+                collective,
+                size,
+                config["op"],
+                dtype,
+                back_to_back=config.get("back_to_back", False),
+            )
             rows.append(row)
             if comm.rank == 0 and not config["json_only"]:
                 if config["progress"]:

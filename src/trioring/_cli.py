@@ -119,6 +119,13 @@ def _build_parser() -> argparse.ArgumentParser:
         ),
     )
     bench_parser.add_argument(
+        "--back-to-back",
+        action="store_true",
+        help="start each timed call as soon as the last one returned and was checked; by "
+        "default (like the OSU micro-benchmarks) a barrier after each check, outside the "
+        "timed region, starts every call on all ranks together",
+    )
+    bench_parser.add_argument(
         "-n", "--nprocs", type=_nprocs, default=2, metavar="N", help="ranks to start (default 2)"
     )
     bench_parser.add_argument(
@@ -201,6 +208,7 @@ def _bench(args: argparse.Namespace) -> int:
         "json": args.json,
         "json_only": args.json == "-",
         "progress": sys.stderr.isatty(),
+        "back_to_back": args.back_to_back,
     }
     spec = LaunchSpec.for_python(
         "trioring._bench",
