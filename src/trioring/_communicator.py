@@ -43,12 +43,12 @@ __all__ = ["Communicator", "ReduceOp", "open_communicator"]
 DEFAULT_CHUNK_BYTES = 1024 * 1024
 #: Arrays up to this size (and the scratch buffer, DEFAULT_CHUNK_BYTES) are allreduced by
 #: recursive doubling: log2 n exchanges of the whole array, in few messages and no tasks,
-#: which measured faster than either alternative below it on 2 to 4 ranks. Larger ones go by
-#: cross-memory attach where all ranks agreed on it, else by the ring (bandwidth-optimal).
+#: which measured faster than the ring below it on 2 to 4 ranks. Larger ones go by the ring
+#: (bandwidth-optimal), unless cross-memory attach takes them (CMA_MIN_BYTES).
 SMALL_ALLREDUCE_BYTES = 1024 * 1024
-#: Arrays above this size are broadcast by cross-memory attach, when all ranks agreed to use
-#: it at opening (one host, Unix transport, the kernel allows it): below, the extra round of
-#: notices costs more than the copy it saves.
+#: Arrays above this size are allreduced and broadcast by cross-memory attach, when all ranks
+#: agreed to use it at opening (one host, Unix transport, the kernel allows it): below, the
+#: rounds of notices cost more than the copies they save (measured on 2 and 4 ranks).
 CMA_MIN_BYTES = 256 * 1024
 #: How long a breaking communicator spends telling its peers why, before closing anyway.
 _ABORT_NOTICE_SECONDS = 0.25
@@ -215,20 +215,19 @@ class Communicator(metaclass=NoPublicConstructor):
             op: ``"sum"`` (default), ``"mean"``, ``"min"``, ``"max"`` or ``"prod"``, or a
                 :class:`ReduceOp`; the same on every rank. ``"min"``/``"max"`` refuse complex
                 dtypes and ``"mean"`` refuses integer dtypes. A mean is a sum divided by
-                ``world_size`` in the array's dtype. For arrays up to
-                ``SMALL_ALLREDUCE_BYTES`` every rank divides the (bitwise identical) sum; for
-                larger ones the division happens once per element, on the rank that finishes
-                that element's sum, before it is shared. Either way the mean is bitwise
-                identical everywhere.
+                ``world_size`` in the array's dtype. With recursive doubling (below) every
+                rank divides the (bitwise identical) sum; otherwise the division happens once
+                per element, on the rank that finishes that element's sum, before it is
+                shared. Either way the mean is bitwise identical everywhere.
 
         Algorithm (the size thresholds are internal tuning constants; the algorithms page of
-        the documentation gives their current values): up to ``SMALL_ALLREDUCE_BYTES``,
-        recursive doubling (``ceil(log2 n)`` exchanges of the whole array: latency-bound
-        sizes). Above, when every rank agreed at opening to use cross-memory attach (the
-        ``"cma"`` entry of :attr:`features`), each rank reduces its ``1/n`` segment by
-        reading the peers' arrays directly and then copies the other finished segments,
-        each byte copied once. Otherwise, ring reduce-scatter then ring
-        all-gather, streamed in chunks of ``DEFAULT_CHUNK_BYTES``, each rank sending and
+        the documentation gives their current values): above ``CMA_MIN_BYTES``, when every
+        rank agreed at opening to use cross-memory attach (the ``"cma"`` entry of
+        :attr:`features`), each rank reduces its ``1/n`` segment by reading the peers'
+        arrays directly and then copies the other finished segments, each byte copied once.
+        Otherwise, up to ``SMALL_ALLREDUCE_BYTES``, recursive doubling (``ceil(log2 n)``
+        exchanges of the whole array: latency-bound sizes); above, ring reduce-scatter then
+        ring all-gather, streamed in chunks of ``DEFAULT_CHUNK_BYTES``, each rank sending and
         receiving ``2 (n-1)/n`` times the array.
 
         Raises:
@@ -262,15 +261,15 @@ class Communicator(metaclass=NoPublicConstructor):
         divide = reduce_op is ReduceOp.MEAN
         small = flat.nbytes <= min(SMALL_ALLREDUCE_BYTES, self._world.scratch.nbytes)
 
-        cma = self._world.peer_pids is not None
+        cma = self._world.peer_pids is not None and flat.nbytes > CMA_MIN_BYTES
 
         async def body(op_spec: OpSpec) -> None:
-            if small:
+            if cma:
+                await _algorithms.cma_allreduce(self._world, op_spec, flat, ufunc, divide=divide)
+            elif small:
                 await _algorithms.recursive_doubling_allreduce(
                     self._world, op_spec, flat, ufunc, divide=divide
                 )
-            elif cma:
-                await _algorithms.cma_allreduce(self._world, op_spec, flat, ufunc, divide=divide)
             else:
                 await _algorithms.ring_allreduce(self._world, op_spec, flat, ufunc, divide=divide)
 
