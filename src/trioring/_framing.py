@@ -181,7 +181,6 @@ class Link:
         self._pending = memoryview(b"")
         # Whole frames (and the start of one) that a watch read ahead of the next receive.
         self._ahead = bytearray()
-        self._scratch_ahead = bytearray(HEADER.size + SMALL_FRAME)
 
     # -- errors ------------------------------------------------------------------------
 
@@ -492,13 +491,15 @@ class Link:
         in ``_ahead`` at once, so a cancellation loses nothing. EOFError at end of stream."""
         while len(self._ahead) < total:
             await fast.wait_readable()
-            chunk = memoryview(self._scratch_ahead)[: total - len(self._ahead)]
-            got = fast.recv_nowait(chunk)
+            # Allocated per read: watches are rare (waits past _WATCH_AFTER_SECONDS), and a
+            # buffer kept per link would cost 64 KiB for every peer of every rank.
+            chunk = bytearray(total - len(self._ahead))
+            got = fast.recv_nowait(memoryview(chunk))
             if got is None:
                 continue
             if not got:
                 raise EOFError
-            self._ahead += chunk[:got]
+            self._ahead += memoryview(chunk)[:got]
 
     async def _recv_exactly(
         self, spec: OpSpec, view: memoryview, what: str, *, spin: bool = True
