@@ -94,11 +94,13 @@ $(call INSTALL_STAMP,bench): pyproject.toml $(VENV_STAMP)
 	@touch $@
 
 BENCH_SIZES ?= 4:64M
+# Gloo's timings wobble by 10-20 % from run to run: medians of 5 alternating rounds.
+BENCH_ROUNDS ?= 5
 bench: $(call INSTALL_STAMP,bench)
 	@mkdir -p bench/results
-	$(BIN)/python bench/compare.py -n 2 --sizes $(BENCH_SIZES) --rounds 3 --json bench/results/compare_w2.json
-	$(BIN)/python bench/compare.py -n 4 --sizes $(BENCH_SIZES) --rounds 3 --json bench/results/compare_w4.json
-	$(BIN)/python bench/compare.py -n 2 --transport tcp --sizes 4M,64M --collective allreduce --rounds 3 --json bench/results/compare_tcp_w2.json
+	$(BIN)/python bench/compare.py -n 2 --sizes $(BENCH_SIZES) --rounds $(BENCH_ROUNDS) --json bench/results/compare_w2.json
+	$(BIN)/python bench/compare.py -n 4 --sizes $(BENCH_SIZES) --rounds $(BENCH_ROUNDS) --json bench/results/compare_w4.json
+	$(BIN)/python bench/compare.py -n 2 --transport tcp --sizes 4M,64M --collective allreduce --rounds $(BENCH_ROUNDS) --json bench/results/compare_tcp_w2.json
 	$(BIN)/python bench/budget.py --json bench/results/budget.json
 	$(BIN)/python bench/plot.py bench/results/compare_w2.json bench/results/compare_w4.json bench/results/compare_tcp_w2.json
 
