@@ -105,11 +105,13 @@ def main() -> None:
     collectives = args.collective or ["allreduce", "broadcast", "barrier"]
     sizes = parse_sizes(args.sizes)
     cells: dict[tuple[str, int], dict[str, list[float]]] = {}
-    b2b = args.back_to_back
     for round_ in range(args.rounds):
         for name, rows in (
-            ("trioring", run_trioring(args.n, args.sizes, collectives, args.transport, b2b)),
-            ("gloo", run_gloo(args.n, sizes, collectives, b2b)),
+            (
+                "trioring",
+                run_trioring(args.n, args.sizes, collectives, args.transport, args.back_to_back),
+            ),
+            ("gloo", run_gloo(args.n, sizes, collectives, args.back_to_back)),
         ):
             for row in rows:
                 cell = cells.setdefault(
@@ -120,7 +122,7 @@ def main() -> None:
     limit = socket_limit()
     print(
         f"# world {args.n}, trioring over {args.transport}, Gloo over TCP; medians of "
-        f"{args.rounds} alternating rounds; {'back to back' if b2b else 'a barrier between calls'}; "
+        f"{args.rounds} alternating rounds; {'back to back' if args.back_to_back else 'a barrier between calls'}; "
         f"Unix socket limit here: {limit:.2f} GB/s"
     )
     print(f"{'collective':>10} {'size':>6} {'trioring us':>12} {'gloo us':>10} {'ratio':>6}")
@@ -134,7 +136,10 @@ def main() -> None:
               f"{ours / theirs:>6.2f}")  # fmt: skip
     if args.json:
         Path(args.json).write_text(
-            json.dumps({"socket_limit_GBps": limit, "back_to_back": b2b, "cells": table}, indent=1)
+            json.dumps(
+                {"socket_limit_GBps": limit, "back_to_back": args.back_to_back, "cells": table},
+                indent=1,
+            )
         )
 
 

@@ -24,13 +24,18 @@ def test_parse_sizes() -> None:
         parse_sizes("lots")
 
 
-@pytest.mark.parametrize(("nprocs", "transport"), [(2, "unix"), (3, "tcp")])
-def test_bench_runs_and_checks_results(tmp_path: Path, nprocs: int, transport: str) -> None:
+@pytest.mark.parametrize(
+    ("nprocs", "transport", "back_to_back"), [(2, "unix", False), (3, "tcp", True)]
+)
+def test_bench_runs_and_checks_results(
+    tmp_path: Path, nprocs: int, transport: str, back_to_back: bool
+) -> None:
     out = tmp_path / "bench.json"
     result = subprocess.run(
         [
             *(sys.executable, "-m", "trioring", "bench", "-n", str(nprocs)),
             *("--transport", transport, "--sizes", "4,64K", "--json", str(out)),
+            *(["--back-to-back"] if back_to_back else []),
         ],
         capture_output=True,
         text=True,
@@ -50,5 +55,6 @@ def test_bench_runs_and_checks_results(tmp_path: Path, nprocs: int, transport: s
         assert row["errors"] == 0
         assert row["world_size"] == nprocs
         assert row["transport"] == transport
+        assert row["back_to_back"] is back_to_back
         assert 0 < row["p10_us"] <= row["median_us"] <= row["p90_us"]
     assert "busbw GB/s" in result.stdout

@@ -160,37 +160,27 @@ async def test_two_long_waits_never_watch_the_same_link(autojump_clock: object) 
     watcher on the one idle link: trio allows one reader per fd. An abort frame on the idle
     link then ends the receive that watches it with the aborting peer's reason; breaking, as
     the communicator would, ends the other."""
-    import socket
-
     import trio
 
     from trioring._framing import AbortKind, Kind, Link, OpSpec
-    from trioring.transports._socket import SocketConnection
 
-    ours, theirs = [], []
-    for _ in range(3):
-        a, b = socket.socketpair()
-        ours.append(SocketConnection(trio.socket.from_stdlib_socket(a)))
-        theirs.append(SocketConnection(trio.socket.from_stdlib_socket(b)))
-    links = [Link(0, peer + 1, connection) for peer, connection in enumerate(ours)]
-    for link in links:
-        link.watch = links
     spec = OpSpec(Kind.BARRIER, 7)
     errors: list[BaseException] = []
+    async with socket_links(3) as (links, theirs):
 
-    async def receive(link: Link) -> None:
-        try:
-            await link.recv(spec, 0, memoryview(b""))
-        except trioring.TrioringError as exc:
-            errors.append(exc)
-            for connection in ours:
-                await connection.aclose()
+        async def receive(link: Link) -> None:
+            try:
+                await link.recv(spec, 0, memoryview(b""))
+            except trioring.TrioringError as exc:
+                errors.append(exc)
+                for each in links:
+                    await each.connection.aclose()
 
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(receive, links[0])
-        nursery.start_soon(receive, links[1])
-        await trio.sleep(1)  # both waits are long past the threshold; link 3 is watched
-        await Link(3, 0, theirs[2]).send_abort(AbortKind.CANCELLED, 3, 7, "cancelled", 3)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(receive, links[0])
+            nursery.start_soon(receive, links[1])
+            await trio.sleep(1)  # both waits are long past the threshold; link 3 is watched
+            await Link(3, 0, theirs[2]).send_abort(AbortKind.CANCELLED, 3, 7, "cancelled", 3)
     assert sorted(type(e).__name__ for e in errors) == [
         "CommunicatorClosedError",
         "PeerAbortedError",
@@ -198,8 +188,6 @@ async def test_two_long_waits_never_watch_the_same_link(autojump_clock: object) 
     aborted = next(e for e in errors if isinstance(e, trioring.PeerAbortedError))
     assert aborted.peer == 3
     assert "rank 3 cancelled" in str(aborted)
-    for connection in theirs:
-        await connection.aclose()
 
 
 @asynccontextmanager

@@ -409,12 +409,11 @@ async def cma_allreduce(
     addresses: dict[int, int] = {}
     empty = memoryview(b"")
     announce = bytearray(_ANNOUNCE.size)
+    mine = memoryview(_ANNOUNCE.pack(flat.ctypes.data, flat.nbytes))
     # Every wait here is for a peer that is copying (at least) a segment: polling would only
     # take the CPU from it.
     for peer in peers:
-        await world.links[peer].send(
-            spec, 0, memoryview(_ANNOUNCE.pack(flat.ctypes.data, flat.nbytes))
-        )
+        await world.links[peer].send(spec, 0, mine)
     chunk = max(1, world.chunk_bytes // itemsize)
     scratch = world.scratch[: chunk * itemsize].view(flat.dtype)
     lo, hi = bounds[r], bounds[r + 1]

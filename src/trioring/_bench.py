@@ -184,7 +184,7 @@ async def rank_main(config: dict[str, Any]) -> int:
                 size,
                 config["op"],
                 dtype,
-                back_to_back=config.get("back_to_back", False),
+                back_to_back=config["back_to_back"],
             )
             rows.append(row)
             if comm.rank == 0 and not config["json_only"]:
