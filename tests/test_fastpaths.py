@@ -282,3 +282,49 @@ async def test_frames_read_ahead_by_a_watch_are_received_intact(autojump_clock: 
             await links[1].recv(spec, step, memoryview(got))
             assert bytes(got) == payloads[step]
         assert not links[1]._ahead
+
+
+async def test_frames_in_pieces_or_with_odd_padding_take_the_general_path(
+    autojump_clock: object,
+) -> None:
+    """A receive first reads the whole expected frame at once and compares its header with
+    the one it expects, byte for byte. A frame that arrives in pieces (the split falling in
+    the header or in the payload), or whose padding bytes are not zero, is not that: it must
+    still be received by the general path, intact; and a frame of another collective must
+    still raise the mismatch error naming both sides."""
+    import trio
+
+    from trioring._framing import HEADER, MAGIC, VERSION, FrameType, Kind, OpSpec
+
+    spec = OpSpec(Kind.ALLREDUCE, 5, dtype_code=10, count=2, op_code=1)
+
+    def frame(step: int, payload: bytes, *, seq: int = 5, pad: bytes = b"\0\0\0") -> bytes:
+        header = bytearray(
+            HEADER.pack(MAGIC, VERSION, FrameType.DATA, Kind.ALLREDUCE, 1, 10, -1, seq, 2, step, 8)
+        )
+        header[9:12] = pad
+        return bytes(header) + payload
+
+    async with socket_links(1) as (links, theirs):
+        peer = theirs[0]
+        for step, split in enumerate((10, HEADER.size + 3)):
+            payload = bytes(range(step * 8, step * 8 + 8))
+            data = frame(step, payload)
+
+            async def send_in_pieces(data: bytes = data, split: int = split) -> None:
+                await peer.send_all(data[:split])
+                await trio.sleep(1)  # the receiver has read the first piece and is waiting
+                await peer.send_all(data[split:])
+
+            got = bytearray(8)
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(send_in_pieces)
+                await links[0].recv(spec, step, memoryview(got))
+            assert bytes(got) == payload
+        await peer.send_all(frame(2, b"\x07" * 8, pad=b"\x01\x02\x03"))
+        got = bytearray(8)
+        await links[0].recv(spec, 2, memoryview(got))
+        assert bytes(got) == b"\x07" * 8
+        await peer.send_all(frame(3, bytes(8), seq=6))
+        with pytest.raises(trioring.CollectiveMismatchError, match=r"#5, rank 1: .*#6"):
+            await links[0].recv(spec, 3, memoryview(bytearray(8)))

@@ -42,6 +42,17 @@ class World:
     #: Peer pids (from the kernel) when every pair of ranks agreed to use cross-memory
     #: attach at opening; None otherwise.
     peer_pids: dict[int, int] | None = None
+    _scratch_view: tuple[np.dtype, int, np.ndarray, memoryview] | None = None
+
+    def scratch_as(self, dtype: np.dtype, nbytes: int) -> tuple[np.ndarray, memoryview]:
+        """The first ``nbytes`` of the scratch buffer as an array of ``dtype`` and as bytes.
+        The last answer is kept: a program calls small collectives of one size over and over,
+        and making the two views costs more than the rest of a 4-byte allreduce's arithmetic."""
+        cached = self._scratch_view
+        if cached is None or cached[0] != dtype or cached[1] != nbytes:
+            array = self.scratch[:nbytes].view(dtype)
+            cached = self._scratch_view = (dtype, nbytes, array, array.view(np.uint8).data)
+        return cached[2], cached[3]
 
 
 def _chunks(lo: int, hi: int, chunk: int) -> Iterator[tuple[int, int]]:
@@ -176,7 +187,7 @@ async def recursive_doubling_allreduce(
     nbytes = flat.nbytes
     if nbytes > world.scratch.nbytes:
         raise ValueError("recursive doubling is only for arrays that fit the scratch buffer")
-    scratch = world.scratch[:nbytes].view(flat.dtype)
+    scratch, incoming = world.scratch_as(flat.dtype, nbytes)
     raw = flat.view(np.uint8).data
     p = 1 << (n.bit_length() - 1)
     extra = n - p
@@ -190,10 +201,9 @@ async def recursive_doubling_allreduce(
             await partner.recv(spec, fold_out_step, raw)
             return
         if r < extra:
-            await world.links[r + p].recv(spec, 0, scratch.view(np.uint8).data)
+            await world.links[r + p].recv(spec, 0, incoming)
             reduce(flat, scratch, out=flat)  # rank r < r + p: ours is the lower block
         distance, step = 1, 1
-        incoming = scratch.view(np.uint8).data
         while distance < p:
             partner_rank = r ^ distance
             link = world.links[partner_rank]

@@ -28,7 +28,7 @@ from ._errors import (
     RendezvousError,
     TrioringError,
 )
-from ._framing import DTYPE_CODES, OP_NAMES, AbortKind, Kind, Link, OpSpec
+from ._framing import DTYPE_CODES, OP_NAMES, AbortKind, Kind, Link, OpSpec, WaitCount
 from ._rendezvous import connect_world
 from ._util import NoPublicConstructor
 from .transports import TcpTransport, Transport, TransportContext, UnixTransport
@@ -140,6 +140,9 @@ class Communicator(metaclass=NoPublicConstructor):
         self._state = _State.OPEN
         self._broken_by: BaseException | None = None
         self._running: OpSpec | None = None
+        self._waits = WaitCount()
+        for link in links.values():
+            link.waits = self._waits
         self._world = _algorithms.World(
             rank=rank,
             size=world_size,
@@ -383,13 +386,14 @@ class Communicator(metaclass=NoPublicConstructor):
                 supported = ", ".join(dt.name for dt in DTYPE_CODES)
                 detail = f"dtype {dtype} is not supported; supported dtypes: {supported}"
             raise self._invalid(kind, detail)
-        if not array.flags.c_contiguous:
+        flags = array.flags
+        if not flags.c_contiguous:
             raise self._invalid(
                 kind, "array is not C-contiguous; pass np.ascontiguousarray(a) and copy back"
             )
-        if not array.flags.writeable:
+        if not flags.writeable:
             raise self._invalid(kind, "array is read-only; collectives work in place")
-        return array.reshape(-1)
+        return array if array.ndim == 1 else array.reshape(-1)
 
     def _check_usable(self, kind: Kind) -> None:
         if self._state is _State.CLOSED:
@@ -438,10 +442,10 @@ class Communicator(metaclass=NoPublicConstructor):
         self._seq += 1
         spec = make_spec(seq=self._seq)
         self._running = spec
-        parks = self._parks()
+        waits = self._waits.count
         try:
             await body(spec)
-            if self._parks() == parks:
+            if self._waits.count == waits:
                 # Every public async function must be a schedule point, and a collective
                 # whose data was all there at once (or a world of one) has not yielded yet.
                 await trio.lowlevel.cancel_shielded_checkpoint()
@@ -461,9 +465,6 @@ class Communicator(metaclass=NoPublicConstructor):
             raise
         finally:
             self._running = None
-
-    def _parks(self) -> int:
-        return sum(link.parks for link in self._links.values())
 
     async def _relayed_cause(self, error: CollectiveError, spec: OpSpec) -> CollectiveError:
         """A lost connection is often the echo of a failure elsewhere: a neighbour broke

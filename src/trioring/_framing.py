@@ -146,6 +146,15 @@ def _describe_remote(kind: int, seq: int, dtype: int, count: int, op: int, root:
 
 
 @final
+@attrs.define(eq=False)
+class WaitCount:
+    """How many times some links waited in the event loop: a collective that never did
+    must still pass a schedule point before it returns."""
+
+    count: int = 0
+
+
+@final
 class Link:
     """The framed connection from this rank to one peer.
 
@@ -164,8 +173,9 @@ class Link:
         self.receiving = False
         #: Bounded poll before a receive parks (see _recv_some); set from the config.
         self.spin_seconds = 0.0
-        #: How many times this link waited in the event loop (each wait is a checkpoint).
-        self.parks = 0
+        #: Counts the times this link waited in the event loop (each wait is a checkpoint);
+        #: the communicator gives all its links one counter.
+        self.waits = WaitCount()
         #: The world's links, watched for abort frames during a long wait on this one (see
         #: _park); set by the communicator.
         self.watch: list[Link] = []
@@ -273,11 +283,11 @@ class Link:
         fast = self._fast
         try:
             if fast is None:
-                self.parks += 1
+                self.waits.count += 1
                 await self.connection.send_all(*views)
             else:
                 while views:
-                    self.parks += 1
+                    self.waits.count += 1
                     await fast.wait_writable()
                     views = advance(views, fast.send_nowait(views))
         except trio.BrokenResourceError as exc:
@@ -378,7 +388,7 @@ class Link:
         fast = self._fast
         try:
             if fast is None:
-                self.parks += 1
+                self.waits.count += 1
                 return await self.connection.recv_into(view)
             got = fast.recv_nowait(view)
             if got is None and spin and self.spin_seconds:
@@ -388,7 +398,7 @@ class Link:
                     if statistics().tasks_runnable:
                         # Another task of this program has work: let it run instead of
                         # holding the thread (a checkpoint; no bytes are half-read here).
-                        self.parks += 1
+                        self.waits.count += 1
                         await trio.lowlevel.checkpoint()
                     else:
                         os.sched_yield()
@@ -396,7 +406,7 @@ class Link:
             while got is None:
                 # Straight to the event loop: one pass through the scheduler per wake-up,
                 # where the socket's own recv_into would add a second one.
-                self.parks += 1
+                self.waits.count += 1
                 await self._park(spec, fast)
                 got = fast.recv_nowait(view)
             return got
@@ -528,6 +538,31 @@ class Link:
         long (a peer copying megabytes), where polling would only take the CPU from it."""
         self.receiving = True
         try:
+            if into.nbytes <= SMALL_FRAME and not self._pending.nbytes:
+                # The common case in one read and one comparison: the whole frame is there
+                # and its header is exactly the one we expect. Anything else (a partial
+                # read, another frame) goes on through the general path below, which
+                # starts from what was read here.
+                want = HEADER.size + into.nbytes
+                buffer = self._inbox_view[:want]
+                got = await self._recv_some(spec, buffer, "a frame header", spin=spin)
+                if got == want and self._inbox[: HEADER.size] == HEADER.pack(
+                    MAGIC,
+                    VERSION,
+                    FrameType.DATA,
+                    spec.kind,
+                    spec.op_code,
+                    spec.dtype_code,
+                    spec.root,
+                    spec.seq,
+                    spec.count,
+                    offset,
+                    into.nbytes,
+                ):
+                    if into.nbytes:
+                        into[:] = buffer[HEADER.size :]
+                    return
+                self._pending = buffer[:got]
             await self._recv_frame(spec, offset, into, spin)
         finally:
             self.receiving = False
