@@ -20,6 +20,10 @@ def iterations(size: int) -> int:
     return 10
 
 
+def warmup_iterations(count: int) -> int:
+    return max(3, count // 5)  # as trioring bench (trioring/_bench.py)
+
+
 def main() -> None:
     sizes = [int(s) for s in sys.argv[1].split(",")]
     collectives = sys.argv[2].split(",")
@@ -31,7 +35,8 @@ def main() -> None:
         for size in sizes if collective != "barrier" else [0]:
             count = max(1, size // 4)
             tensor = torch.empty(count, dtype=torch.float32)
-            times = torch.zeros(iterations(size) + 3, dtype=torch.float64)
+            warmup = warmup_iterations(iterations(size))
+            times = torch.zeros(warmup + iterations(size), dtype=torch.float64)
             for i in range(len(times)):
                 tensor.fill_(rank + 1)
                 start = time.perf_counter()
@@ -44,7 +49,7 @@ def main() -> None:
                 times[i] = time.perf_counter() - start
                 if not back_to_back:
                     dist.barrier()  # as trioring bench does (see trioring/_bench.py)
-            times = times[3:].contiguous()
+            times = times[warmup:].contiguous()
             dist.all_reduce(times, op=dist.ReduceOp.MAX)
             rows.append(
                 {
