@@ -76,20 +76,9 @@ def payload_size(spec: _framing.OpSpec, count_in_frame: int) -> int:
 
 
 def data_frame(spec: _framing.OpSpec, offset: int, payload: bytes) -> bytes:
-    header = _framing.HEADER.pack(
-        _framing.MAGIC,
-        _framing.VERSION,
-        _framing.FrameType.DATA,
-        spec.kind,
-        spec.op_code,
-        spec.dtype_code,
-        spec.root,
-        spec.seq,
-        spec.count,
-        offset,
-        len(payload),
-    )
-    return header + payload
+    header = bytearray(_framing.HEADER.size)
+    _framing.pack_data_header(header, spec, offset, len(payload))
+    return bytes(header) + payload
 
 
 def abort_frame(kind: int, subject: int, seq: int, reason: bytes) -> bytes:

@@ -294,14 +294,13 @@ async def test_frames_in_pieces_or_with_odd_padding_take_the_general_path(
     still raise the mismatch error naming both sides."""
     import trio
 
-    from trioring._framing import HEADER, MAGIC, VERSION, FrameType, Kind, OpSpec
+    from trioring._framing import HEADER, Kind, OpSpec, pack_data_header
 
     spec = OpSpec(Kind.ALLREDUCE, 5, dtype_code=10, count=2, op_code=1)
 
     def frame(step: int, payload: bytes, *, seq: int = 5, pad: bytes = b"\0\0\0") -> bytes:
-        header = bytearray(
-            HEADER.pack(MAGIC, VERSION, FrameType.DATA, Kind.ALLREDUCE, 1, 10, -1, seq, 2, step, 8)
-        )
+        header = bytearray(HEADER.size)
+        pack_data_header(header, OpSpec(Kind.ALLREDUCE, seq, 10, 2, 1), step, len(payload))
         header[9:12] = pad
         return bytes(header) + payload
 

@@ -138,6 +138,26 @@ class OpSpec:
         return f"{head} {dtype}[{self.count}] #{self.seq}"
 
 
+def pack_data_header(buffer: bytearray, spec: OpSpec, offset: int, nbytes: int) -> None:
+    """Write the header of the DATA frame of ``spec`` carrying ``nbytes`` at element
+    ``offset`` into ``buffer`` (at least ``HEADER.size`` bytes)."""
+    HEADER.pack_into(
+        buffer,
+        0,
+        MAGIC,
+        VERSION,
+        FrameType.DATA,
+        spec.kind,
+        spec.op_code,
+        spec.dtype_code,
+        spec.root,
+        spec.seq,
+        spec.count,
+        offset,
+        nbytes,
+    )
+
+
 def _describe_remote(kind: int, seq: int, dtype: int, count: int, op: int, root: int) -> str:
     try:
         return OpSpec(Kind(kind), seq, dtype, count, op, root).describe()
@@ -184,6 +204,7 @@ class Link:
         self._send_header_view = memoryview(self._send_header)
         self._fast = connection if isinstance(connection, SocketConnection) else None
         self._recv_header = bytearray(HEADER.size)
+        self._expected_header = bytearray(HEADER.size)
         self._recv_header_view = memoryview(self._recv_header)
         # Header plus a small payload, received together (see _read_header).
         self._inbox = bytearray(HEADER.size + SMALL_FRAME)
@@ -246,21 +267,7 @@ class Link:
         the connection takes without blocking. Returns None when all of it went out; else
         what is left, which the caller must pass to :meth:`finish_send` before anything else
         is sent on this link."""
-        HEADER.pack_into(
-            self._send_header,
-            0,
-            MAGIC,
-            VERSION,
-            FrameType.DATA,
-            spec.kind,
-            spec.op_code,
-            spec.dtype_code,
-            spec.root,
-            spec.seq,
-            spec.count,
-            offset,
-            payload.nbytes,
-        )
+        pack_data_header(self._send_header, spec, offset, payload.nbytes)
         views = [self._send_header_view, payload] if payload.nbytes else [self._send_header_view]
         if self._fast is None:
             return views
@@ -546,19 +553,8 @@ class Link:
                 want = HEADER.size + into.nbytes
                 buffer = self._inbox_view[:want]
                 got = await self._recv_some(spec, buffer, "a frame header", spin=spin)
-                if got == want and self._inbox[: HEADER.size] == HEADER.pack(
-                    MAGIC,
-                    VERSION,
-                    FrameType.DATA,
-                    spec.kind,
-                    spec.op_code,
-                    spec.dtype_code,
-                    spec.root,
-                    spec.seq,
-                    spec.count,
-                    offset,
-                    into.nbytes,
-                ):
+                pack_data_header(self._expected_header, spec, offset, into.nbytes)
+                if got == want and self._inbox[: HEADER.size] == self._expected_header:
                     if into.nbytes:
                         into[:] = buffer[HEADER.size :]
                     return
