@@ -327,3 +327,29 @@ async def test_frames_in_pieces_or_with_odd_padding_take_the_general_path(
         await peer.send_all(frame(3, bytes(8), seq=6))
         with pytest.raises(trioring.CollectiveMismatchError, match=r"#5, rank 1: .*#6"):
             await links[0].recv(spec, 3, memoryview(bytearray(8)))
+
+
+async def test_a_polling_receive_lets_the_other_tasks_of_the_program_run() -> None:
+    """While a receive polls for its frame (the bounded spin), other runnable tasks of the
+    same program must still run, even one that shares the receive's scheduler batch (Trio's
+    run queue does not show it then). Here the frame comes from such a task, and the poll
+    may last an hour: the receive returns at once only if the poll lets that task run
+    (otherwise pytest-timeout fails the test long before the poll gives up)."""
+    import trio
+
+    from trioring._framing import Kind, Link, OpSpec
+
+    spec = OpSpec(Kind.ALLREDUCE, 3, dtype_code=5, count=8, op_code=1)
+    async with socket_links(1) as (links, theirs):
+        links[0].spin_seconds = 3600.0
+
+        async def send_soon() -> None:
+            for _ in range(3):
+                await trio.lowlevel.checkpoint()  # runnable all along, never waiting
+            await Link(1, 0, theirs[0]).send(spec, 0, memoryview(b"abcdefgh"))
+
+        got = bytearray(8)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send_soon)
+            await links[0].recv(spec, 0, memoryview(got))
+        assert bytes(got) == b"abcdefgh"

@@ -51,6 +51,8 @@ SMALL_FRAME = 64 * 1024
 _PENDING_ABORT_SECONDS = 0.05
 # How many small DATA frames it reads past, at most, looking for it.
 _PENDING_FRAMES_SKIPPED = 4
+# A receive's poll (spin_seconds) lets other tasks run at least this often.
+_SPIN_SLICE_SECONDS = 0.0002
 # A receive that waits longer than this starts watching the other idle links for aborts.
 _WATCH_AFTER_SECONDS = 0.02
 # How many small data frames a watch reads ahead on one link, at most, before it gives up.
@@ -384,8 +386,9 @@ class Link:
         connection, take what is already there without a trip through the scheduler, and
         when nothing is, poll for up to ``spin_seconds`` (yielding the CPU between tries)
         before parking: a peer on another core often answers within microseconds, far
-        sooner than a wake-up through the event loop would deliver it. While other tasks of
-        this program are runnable, the poll lets them run instead of yielding the CPU."""
+        sooner than a wake-up through the event loop would deliver it. Other tasks of this
+        program still run during the poll: from its second try on as soon as Trio has them
+        queued, and in any case every ``_SPIN_SLICE_SECONDS``."""
         if self._ahead:
             # Read ahead by a watch (see _watch_for_abort); a plain copy, not a checkpoint.
             taken = min(len(self._ahead), view.nbytes)
@@ -400,13 +403,22 @@ class Link:
             got = fast.recv_nowait(view)
             if got is None and spin and self.spin_seconds:
                 deadline = time.perf_counter() + self.spin_seconds
+                # The first try always yields the CPU: most waits end after one, and asking
+                # Trio for its statistics costs more than the yield (about 10 % of a 4-byte
+                # allreduce at world 4 on 2 cores).
+                os.sched_yield()
+                got = fast.recv_nowait(view)
                 statistics = trio.lowlevel.current_statistics
-                while got is None and time.perf_counter() < deadline:
-                    if statistics().tasks_runnable:
-                        # Another task of this program has work: let it run instead of
+                slice_end = time.perf_counter() + _SPIN_SLICE_SECONDS
+                while got is None and (now := time.perf_counter()) < deadline:
+                    # Trio's queue does not hold the tasks of the batch we run in, so a
+                    # slice ends the poll's hold on the thread even when it looks empty.
+                    if now >= slice_end or statistics().tasks_runnable:
+                        # Other tasks of this program have work: let them run instead of
                         # holding the thread (a checkpoint; no bytes are half-read here).
                         self.waits.count += 1
                         await trio.lowlevel.checkpoint()
+                        slice_end = time.perf_counter() + _SPIN_SLICE_SECONDS
                     else:
                         os.sched_yield()
                     got = fast.recv_nowait(view)
