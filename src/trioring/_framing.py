@@ -402,14 +402,15 @@ class Link:
                 return await self.connection.recv_into(view)
             got = fast.recv_nowait(view)
             if got is None and spin and self.spin_seconds:
-                deadline = time.perf_counter() + self.spin_seconds
+                start = time.perf_counter()
+                deadline = start + self.spin_seconds
+                slice_end = start + _SPIN_SLICE_SECONDS
                 # The first try always yields the CPU: most waits end after one, and asking
                 # Trio for its statistics costs more than the yield (about 10 % of a 4-byte
                 # allreduce at world 4 on 2 cores).
                 os.sched_yield()
                 got = fast.recv_nowait(view)
                 statistics = trio.lowlevel.current_statistics
-                slice_end = time.perf_counter() + _SPIN_SLICE_SECONDS
                 while got is None and (now := time.perf_counter()) < deadline:
                     # Trio's queue does not hold the tasks of the batch we run in, so a
                     # slice ends the poll's hold on the thread even when it looks empty.
