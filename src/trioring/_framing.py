@@ -379,9 +379,7 @@ class Link:
         finally:
             self._watching = False
 
-    async def _recv_some(
-        self, spec: OpSpec, view: memoryview, what: str, *, spin: bool = True
-    ) -> int:
+    async def _recv_some(self, spec: OpSpec, view: memoryview, what: str) -> int:
         """Receive at least one byte into ``view``, or 0 at end of stream. With a socket
         connection, take what is already there without a trip through the scheduler, and
         when nothing is, poll for up to ``spin_seconds`` (yielding the CPU between tries)
@@ -401,7 +399,7 @@ class Link:
                 self.waits.count += 1
                 return await self.connection.recv_into(view)
             got = fast.recv_nowait(view)
-            if got is None and spin and self.spin_seconds:
+            if got is None and self.spin_seconds:
                 start = time.perf_counter()
                 deadline = start + self.spin_seconds
                 slice_end = start + _SPIN_SLICE_SECONDS
@@ -531,9 +529,7 @@ class Link:
                 raise EOFError
             self._ahead += memoryview(chunk)[:got]
 
-    async def _recv_exactly(
-        self, spec: OpSpec, view: memoryview, what: str, *, spin: bool = True
-    ) -> None:
+    async def _recv_exactly(self, spec: OpSpec, view: memoryview, what: str) -> None:
         total = view.nbytes
         if self._pending.nbytes and total:
             taken = min(self._pending.nbytes, total)
@@ -541,7 +537,7 @@ class Link:
             self._pending = self._pending[taken:]
             view = view[taken:]
         while view.nbytes:
-            got = await self._recv_some(spec, view, what, spin=spin)
+            got = await self._recv_some(spec, view, what)
             if not got:
                 done = total - view.nbytes
                 raise self._failed(
@@ -551,11 +547,9 @@ class Link:
                 )
             view = view[got:]
 
-    async def recv(self, spec: OpSpec, offset: int, into: memoryview, *, spin: bool = True) -> None:
+    async def recv(self, spec: OpSpec, offset: int, into: memoryview) -> None:
         """Receive the DATA frame of ``spec`` at element ``offset`` whose payload fills
-        ``into`` exactly. Raises the precise :class:`CollectiveError` on anything else.
-        ``spin=False`` parks at once when nothing is there: for waits that are known to be
-        long (a peer copying megabytes), where polling would only take the CPU from it."""
+        ``into`` exactly. Raises the precise :class:`CollectiveError` on anything else."""
         self.receiving = True
         try:
             if into.nbytes <= SMALL_FRAME and not self._pending.nbytes:
@@ -565,18 +559,18 @@ class Link:
                 # starts from what was read here.
                 want = HEADER.size + into.nbytes
                 buffer = self._inbox_view[:want]
-                got = await self._recv_some(spec, buffer, "a frame header", spin=spin)
+                got = await self._recv_some(spec, buffer, "a frame header")
                 pack_data_header(self._expected_header, spec, offset, into.nbytes)
                 if got == want and self._inbox[: HEADER.size] == self._expected_header:
                     if into.nbytes:
                         into[:] = buffer[HEADER.size :]
                     return
                 self._pending = buffer[:got]
-            await self._recv_frame(spec, offset, into, spin)
+            await self._recv_frame(spec, offset, into)
         finally:
             self.receiving = False
 
-    async def _read_header(self, spec: OpSpec, expected_payload: int, spin: bool) -> None:
+    async def _read_header(self, spec: OpSpec, expected_payload: int) -> None:
         """Receive the next frame header into ``_inbox[:HEADER.size]``. For small frames,
         read the payload we expect along with it (one system call and one checkpoint instead
         of two) and keep it in ``_pending``, where :meth:`_recv_exactly` takes it from. We
@@ -590,7 +584,7 @@ class Link:
             buffer[:have] = self._pending[:have]
             self._pending = self._pending[have:]
         while have < HEADER.size:
-            got = await self._recv_some(spec, buffer[have:], "a frame header", spin=spin)
+            got = await self._recv_some(spec, buffer[have:], "a frame header")
             if not got:
                 raise self._failed(
                     spec,
@@ -600,8 +594,8 @@ class Link:
             have += got
         self._pending = buffer[HEADER.size : have]
 
-    async def _recv_frame(self, spec: OpSpec, offset: int, into: memoryview, spin: bool) -> None:
-        await self._read_header(spec, into.nbytes, spin)
+    async def _recv_frame(self, spec: OpSpec, offset: int, into: memoryview) -> None:
+        await self._read_header(spec, into.nbytes)
         (magic, version, ftype, kind, op, dtype, root, seq, count, r_offset, nbytes) = (
             HEADER.unpack_from(self._inbox)
         )
@@ -637,7 +631,7 @@ class Link:
                 f"{r_offset} of {nbytes} bytes",
             )
         if nbytes:
-            await self._recv_exactly(spec, into, "a payload", spin=spin)
+            await self._recv_exactly(spec, into, "a payload")
 
     async def _raise_abort(
         self, spec: OpSpec, kind: int, subject: int, seq: int, nbytes: int, reporter: int
