@@ -136,6 +136,33 @@ async def test_mean_divides_once_in_dtype() -> None:
         np.testing.assert_array_equal(a, np.float32(6) / np.float32(3))
 
 
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 8])
+async def test_one_element_allreduces_of_every_dtype_and_op_in_a_row(n: int) -> None:
+    # One-element reductions never work in place (numpy is slow at that): each partial
+    # result goes to the other of the array and a spare element. Every dtype and op, one
+    # call after another on the same communicators, so that a result left in the spare
+    # element, or a spare still viewed as the previous call's dtype, would show.
+    cases = [(dtype, op) for dtype in DTYPES for op in OPS if allowed(op, np.dtype(dtype))]
+    inputs = [
+        [make_input(seed, r, (1,), np.dtype(dtype)) for r in range(n)]
+        for seed, (dtype, _) in enumerate(cases)
+    ]
+    results = [[x.copy() for x in per_rank] for per_rank in inputs]
+
+    async def rank_main(comm: trioring.Communicator) -> None:
+        for index, (_, op) in enumerate(cases):
+            await comm.allreduce(results[index][comm.rank], op=op)
+
+    with trio.fail_after(20):
+        async with open_local_world(n) as comms:
+            await run_ranks(comms, rank_main)
+    for (_, op), given_inputs, outputs in zip(cases, inputs, results, strict=True):
+        expected = reference(op, given_inputs)
+        for output in outputs:
+            check_close(output, expected, op)
+            assert output.tobytes() == outputs[0].tobytes()
+
+
 @pytest.mark.parametrize("n", [2, 3, 4, 5])
 async def test_lockstep_streams_do_not_deadlock(n: int) -> None:
     """With unbuffered streams every send waits for its receive: any algorithm step that
