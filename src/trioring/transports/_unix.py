@@ -21,6 +21,13 @@ from ._socket import SocketConnection, SocketListener
 __all__ = ["UnixTransport"]
 
 _LISTEN_BACKLOG = 512
+#: Send buffer asked for on every connection. The default (208 KiB) holds less than one
+#: 256 KiB frame, so every larger frame waits for the receiver mid-send; 1 MiB (which Linux
+#: doubles, within ``net.core.wmem_max``) takes a whole 1 MiB chunk at once. Measured
+#: without cross-memory attach, median of 3 runs each: allreduce of 256 KiB at world 4
+#: 1196 -> 348 us, of 1 MiB at world 2 669 -> 253 us, of 4 MiB at world 2 2332 -> 1459 us.
+#: A limit, not an allocation: the kernel uses it only for bytes in flight.
+_SEND_BUFFER_BYTES = 1024 * 1024
 # sun_path is 108 bytes on Linux, including the terminating NUL.
 _MAX_PATH_BYTES = 107
 
@@ -60,6 +67,12 @@ async def _remove_if_stale(path: str) -> None:
 
 
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+def _tune(sock: trio.socket.SocketType) -> None:
+    # Stream Unix sockets are limited by the sender's buffer alone (there is no receive
+    # window), so only SO_SNDBUF matters. Where wmem_max is lower the kernel caps the value.
+    sock.setsockopt(trio.socket.SOL_SOCKET, trio.socket.SO_SNDBUF, _SEND_BUFFER_BYTES)
 
 
 def _same_user(sock: trio.socket.SocketType) -> bool:
@@ -132,13 +145,14 @@ class UnixTransport(Transport):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
 
-        return SocketListener(sock, address, admit=_same_user, on_close=unlink)
+        return SocketListener(sock, address, admit=_same_user, configure=_tune, on_close=unlink)
 
     async def connect(self, address: str) -> SocketConnection:
         _check_path(address)
         sock = trio.socket.socket(trio.socket.AF_UNIX, trio.socket.SOCK_STREAM)
         try:
             await sock.connect(address)
+            _tune(sock)
         except BaseException:
             sock.close()
             raise
