@@ -16,10 +16,12 @@ import trio.testing
 
 import trioring
 from trioring._algorithms import tree_neighbours
+from trioring._communicator import DEFAULT_CHUNK_BYTES
 from trioring._config import resolve
 from trioring._framing import HEADER, Kind, Link, OpSpec
 from trioring.transports import (
     MemoryTransport,
+    SocketConnection,
     StreamConnection,
     TcpTransport,
     Transport,
@@ -302,6 +304,25 @@ async def test_tcp_transport_contract() -> None:
 
 async def test_unix_transport_contract(tmp_path: Path) -> None:
     await exchange(UnixTransport(TransportContext(rank=0, world_size=1, socket_dir=str(tmp_path))))
+
+
+async def test_unix_connections_take_a_whole_chunk_without_waiting(tmp_path: Path) -> None:
+    # Both ends ask for a send buffer that holds a whole chunk: with the default (208 KiB)
+    # every larger frame waited for the receiver midway. The kernel caps the request at
+    # net.core.wmem_max and doubles what it grants.
+    with open("/proc/sys/net/core/wmem_max") as file:
+        wmem_max = int(file.read())
+    expected = 2 * min(DEFAULT_CHUNK_BYTES, wmem_max)
+    transport = UnixTransport(TransportContext(rank=0, world_size=1, socket_dir=str(tmp_path)))
+    async with await transport.listen() as listener:
+        client = await transport.connect(listener.address)
+        server = await listener.accept()
+        for connection in (client, server):
+            assert isinstance(connection, SocketConnection)
+            granted = connection.socket.getsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF)
+            assert granted >= expected
+        await client.aclose()
+        await server.aclose()
 
 
 async def test_memory_transport_contract() -> None:

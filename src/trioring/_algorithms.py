@@ -209,7 +209,7 @@ async def recursive_doubling_allreduce(
     fold_out_step = p.bit_length() + 1
     # numpy runs a ufunc whose one-element output is also one of its inputs through a
     # buffered iterator, at about 3x the cost of the operation itself (0.83 against 0.30 us
-    # warm; 10-15 % of a 4-byte allreduce at world 4 on 2 cores). So a one-element
+    # warm; 8-10 % of a 4-byte allreduce at world 4 on 2 cores). So a one-element
     # reduction never works in place: each result goes to the other of ``flat`` and a
     # spare element, and the last one is copied into ``flat`` if it did not end there.
     # Longer arrays are reduced in place, where numpy has no such cost.
