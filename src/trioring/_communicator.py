@@ -50,7 +50,7 @@ SMALL_ALLREDUCE_BYTES = 1024 * 1024
 #: agreed to use it at opening (one host, Unix transport, the kernel allows it): below, the
 #: rounds of notices cost more than the copies they save. Measured on 2 and 4 ranks with the
 #: Unix transport's 1 MiB send buffers, in alternating blocks of one run: at 256 and 512 KiB
-#: the sockets were faster for both collectives (allreduce 369-555 us against 621-960 at
+#: the sockets were faster for both collectives (allreduce 369-615 us against 621-960 at
 #: world 4), at 1 MiB the two were even, and from 2 MiB cross-memory attach was 2-3x faster.
 CMA_MIN_BYTES = 512 * 1024
 #: How long a breaking communicator spends telling its peers why, before closing anyway.
