@@ -12,6 +12,7 @@ import errno
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 from contextlib import asynccontextmanager
@@ -20,16 +21,17 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
+import trio
+import trio.testing
 
 import trioring
 from trioring import _cma
 from trioring._config import spin_seconds
+from trioring._framing import HEADER, AbortKind, Kind, Link, OpSpec, pack_data_header
+from trioring.transports._socket import SocketConnection
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator
-
-    from trioring._framing import Link
-    from trioring.transports._socket import SocketConnection
 
 WORKER = Path(__file__).parent / "workers" / "stress_worker.py"
 ITERATIONS = 30
@@ -127,9 +129,6 @@ async def test_collectives_over_sockets_are_checkpoints_even_when_data_is_there(
 ) -> None:
     """Two ranks as tasks of one process over real Unix sockets: whichever rank finds its
     peer's frame already waiting completes without parking, and must still checkpoint."""
-    import trio
-    import trio.testing
-
     monkeypatch.setenv("TRIORING_SOCKET_DIR", str(tmp_path))
     for name in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(name, raising=False)
@@ -160,10 +159,6 @@ async def test_two_long_waits_never_watch_the_same_link(autojump_clock: object) 
     watcher on the one idle link: trio allows one reader per fd. An abort frame on the idle
     link then ends the receive that watches it with the aborting peer's reason; breaking, as
     the communicator would, ends the other."""
-    import trio
-
-    from trioring._framing import AbortKind, Kind, Link, OpSpec
-
     spec = OpSpec(Kind.BARRIER, 7)
     errors: list[BaseException] = []
     async with socket_links(3) as (links, theirs):
@@ -194,13 +189,6 @@ async def test_two_long_waits_never_watch_the_same_link(autojump_clock: object) 
 async def socket_links(count: int) -> AsyncIterator[tuple[list[Link], list[SocketConnection]]]:
     """Links from rank 0 to peers 1..count over socketpairs, each watching the others, and
     the peers' ends of the sockets; all closed on exit."""
-    import socket
-
-    import trio
-
-    from trioring._framing import Link
-    from trioring.transports._socket import SocketConnection
-
     ours, theirs = [], []
     for _ in range(count):
         a, b = socket.socketpair()
@@ -223,10 +211,6 @@ async def test_a_long_wait_sees_an_abort_behind_data_frames(
     """A peer that sent its part of a step and then gave up leaves data frames in front of
     its abort frame. A receive waiting on another link must still end with that abort, read
     past the data frames by the watch on the idle link."""
-    import trio
-
-    from trioring._framing import AbortKind, Kind, Link, OpSpec
-
     spec = OpSpec(Kind.ALLREDUCE, 5, dtype_code=1, count=4, op_code=1)
     async with socket_links(2) as (links, theirs):
         sender = Link(2, 0, theirs[1])
@@ -257,10 +241,6 @@ async def test_a_long_wait_sees_an_abort_behind_data_frames(
 async def test_frames_read_ahead_by_a_watch_are_received_intact(autojump_clock: object) -> None:
     """Data frames that a watch read ahead (no abort came) are received afterwards exactly as
     if they had stayed in the socket: same bytes, same order, then the rest from the socket."""
-    import trio
-
-    from trioring._framing import HEADER, Kind, Link, OpSpec
-
     spec = OpSpec(Kind.ALLREDUCE, 9, dtype_code=1, count=4, op_code=1)
     payloads = [bytes([step + 1]) * 16 for step in range(3)]
     async with socket_links(2) as (links, theirs):
@@ -292,10 +272,6 @@ async def test_frames_in_pieces_or_with_odd_padding_take_the_general_path(
     the header or in the payload), or whose padding bytes are not zero, is not that: it must
     still be received by the general path, intact; and a frame of another collective must
     still raise the mismatch error naming both sides."""
-    import trio
-
-    from trioring._framing import HEADER, Kind, OpSpec, pack_data_header
-
     spec = OpSpec(Kind.ALLREDUCE, 5, dtype_code=10, count=2, op_code=1)
 
     def frame(step: int, payload: bytes, *, seq: int = 5, pad: bytes = b"\0\0\0") -> bytes:
@@ -335,10 +311,6 @@ async def test_a_polling_receive_lets_the_other_tasks_of_the_program_run() -> No
     run queue does not show it then). Here the frame comes from such a task, and the poll
     may last an hour: the receive returns at once only if the poll lets that task run
     (otherwise pytest-timeout fails the test long before the poll gives up)."""
-    import trio
-
-    from trioring._framing import Kind, Link, OpSpec
-
     spec = OpSpec(Kind.ALLREDUCE, 3, dtype_code=5, count=8, op_code=1)
     async with socket_links(1) as (links, theirs):
         links[0].spin_seconds = 3600.0
