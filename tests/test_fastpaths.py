@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 WORKER = Path(__file__).parent / "workers" / "stress_worker.py"
 ITERATIONS = 30
 CMA_HERE = trioring.is_available("cma")
+SHM_HERE = trioring.is_available("shm")
 
 
 def run_stress(
@@ -67,6 +68,7 @@ def test_arrays_overwritten_on_return_with_fast_paths(tmp_path: Path, n: int) ->
     assert all(report["errors"] == [] for report in reports)
     for report in reports:
         assert ("cma" in report["features"]) is CMA_HERE  # type: ignore[operator]
+        assert ("shm" in report["features"]) is SHM_HERE  # type: ignore[operator]
 
 
 def test_fallback_when_turned_off(tmp_path: Path) -> None:
@@ -81,15 +83,23 @@ def test_one_rank_refusing_makes_every_rank_fall_back(tmp_path: Path) -> None:
     assert all(report["errors"] == [] for report in reports)
 
 
-def test_tcp_never_uses_cross_memory_attach(tmp_path: Path) -> None:
+def test_one_rank_refusing_shm_makes_every_rank_fall_back(tmp_path: Path) -> None:
+    reports = run_stress(tmp_path, 3, env={"STRESS_NO_SHM_RANK": "2"})
+    assert all("shm" not in report["features"] for report in reports)  # type: ignore[operator]
+    assert all(report["errors"] == [] for report in reports)
+
+
+def test_tcp_never_uses_cross_memory_attach_or_shm(tmp_path: Path) -> None:
     reports = run_stress(tmp_path, 2, transport="tcp")
-    assert all("cma" not in report["features"] for report in reports)  # type: ignore[operator]
+    for report in reports:
+        assert "cma" not in report["features"]  # type: ignore[operator]
+        assert "shm" not in report["features"]  # type: ignore[operator]
     assert all(report["errors"] == [] for report in reports)
 
 
 def test_capability_rows() -> None:
     rows = {row.name: row for row in trioring.capabilities()}
-    for name in ("cma", "spin"):
+    for name in ("cma", "shm", "spin"):
         assert rows[name].kind == "feature"
         assert rows[name].available == trioring.is_available(name)
         assert (rows[name].reason is None) == rows[name].available
@@ -100,6 +110,22 @@ def test_cma_turned_off_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
     row = next(row for row in trioring.capabilities() if row.name == "cma")
     assert not row.available
     assert row.reason == "turned off by TRIORING_CMA=0"
+
+
+def test_shm_turned_off_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRIORING_SHM", "0")
+    row = next(row for row in trioring.capabilities() if row.name == "shm")
+    assert not row.available
+    assert row.reason == "turned off by TRIORING_SHM=0"
+
+
+def test_shm_needs_polling(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRIORING_SPIN_US", "0")
+    row = next(row for row in trioring.capabilities() if row.name == "shm")
+    assert not row.available
+    assert row.reason is not None
+    if SHM_HERE:
+        assert "TRIORING_SPIN_US=0" in row.reason, row.reason
 
 
 @pytest.mark.skipif(not CMA_HERE, reason="process_vm_readv is not permitted on this machine")

@@ -3,9 +3,10 @@ collective algorithms."""
 
 from __future__ import annotations
 
+import array
 import enum
-import functools
 import os
+import socket
 import struct
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, final
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING, Any, final
 import numpy as np
 import trio
 
-from . import _algorithms, _cma, _config, _registry
+from . import _algorithms, _cma, _config, _registry, _shm
 from ._concurrency import is_cancellation
 from ._errors import (
     CollectiveError,
@@ -28,7 +29,18 @@ from ._errors import (
     RendezvousError,
     TrioringError,
 )
-from ._framing import DTYPE_CODES, OP_NAMES, AbortKind, Kind, Link, OpSpec, WaitCount
+from ._framing import (
+    DTYPE_CODES,
+    HEADER,
+    NO_ROOT,
+    OP_NAMES,
+    AbortKind,
+    Kind,
+    Link,
+    OpSpec,
+    WaitCount,
+    pack_data_header,
+)
 from ._rendezvous import connect_world
 from ._util import NoPublicConstructor
 from .transports import TcpTransport, Transport, TransportContext, UnixTransport
@@ -76,6 +88,10 @@ _UFUNCS: dict[ReduceOp, np.ufunc] = {
     ReduceOp.MAX: np.maximum,
     ReduceOp.PROD: np.multiply,
 }
+# A dict finds an op (by name or member) in a fraction of the time ReduceOp(op) takes, which
+# counts next to a 4-byte allreduce's few microseconds.
+_OPS: dict[object, ReduceOp] = {**{op.value: op for op in ReduceOp}, **{op: op for op in ReduceOp}}
+_OP_CODES: dict[ReduceOp, int] = {op: OP_NAMES.index(op.value) + 1 for op in ReduceOp}
 
 
 class _State(enum.Enum):
@@ -153,6 +169,10 @@ class Communicator(metaclass=NoPublicConstructor):
             chunk_bytes=chunk_bytes,
             scratch=_aligned_scratch(chunk_bytes if world_size > 1 else 0),
         )
+        # The shared-memory allreduce needs 2 p arrays' worth of scratch, p the largest power
+        # of two <= world_size (see _algorithms.shm_allreduce).
+        p = 1 << (world_size.bit_length() - 1)
+        self._shm_allreduce_bytes = min(_shm.SHM_MAX_BYTES, self._world.scratch.nbytes // (2 * p))
 
     # -- properties --------------------------------------------------------------------
 
@@ -175,11 +195,14 @@ class Communicator(metaclass=NoPublicConstructor):
     def features(self) -> frozenset[str]:
         """The gated fast paths this communicator uses (see :func:`trioring.capabilities`):
         ``"cma"`` when all ranks agreed at opening to move large arrays by cross-memory
-        attach, ``"spin"`` when receives poll briefly before parking. The same on every rank
-        for ``"cma"``; ``"spin"`` is a local choice."""
+        attach, ``"shm"`` when they agreed to pass small ones through a shared segment,
+        ``"spin"`` when receives poll briefly before parking. The same on every rank for
+        ``"cma"`` and ``"shm"``; ``"spin"`` is a local choice."""
         features = set()
         if self._world.peer_pids is not None:
             features.add("cma")
+        if self._world.shm is not None:
+            features.add("shm")
         if any(link.spin_seconds for link in self._links.values()):
             features.add("spin")
         return frozenset(features)
@@ -234,7 +257,10 @@ class Communicator(metaclass=NoPublicConstructor):
         Otherwise, up to ``SMALL_ALLREDUCE_BYTES``, recursive doubling (``ceil(log2 n)``
         exchanges of the whole array: latency-bound sizes); above, ring reduce-scatter then
         ring all-gather, streamed in chunks of ``DEFAULT_CHUNK_BYTES``, each rank sending and
-        receiving ``2 (n-1)/n`` times the array.
+        receiving ``2 (n-1)/n`` times the array. Up to ``SHM_MAX_BYTES``, when every rank
+        agreed at opening to share a segment (``"shm"`` in :attr:`features`), every rank
+        writes its array there and reduces all of them in recursive doubling's order, so the
+        result is bitwise the same as through sockets.
 
         Raises:
             InvalidArgumentError: bad array or op (before any I/O; the communicator stays
@@ -255,31 +281,34 @@ class Communicator(metaclass=NoPublicConstructor):
                 f"op 'mean' needs a floating or complex dtype, not {flat.dtype} (the mean of "
                 "integers is not an integer); use 'sum' and divide, or convert first",
             )
-        spec = functools.partial(
-            OpSpec,
-            kind,
-            dtype_code=DTYPE_CODES[flat.dtype],
-            count=flat.shape[0],
-            op_code=OP_NAMES.index(reduce_op.value) + 1,
-        )
         ufunc = _UFUNCS[reduce_op]
 
         divide = reduce_op is ReduceOp.MEAN
         small = flat.nbytes <= min(SMALL_ALLREDUCE_BYTES, self._world.scratch.nbytes)
 
-        cma = self._world.peer_pids is not None and flat.nbytes > CMA_MIN_BYTES
+        world = self._world
+        cma = world.peer_pids is not None and flat.nbytes > CMA_MIN_BYTES
+        shm = world.shm is not None and flat.nbytes <= self._shm_allreduce_bytes
 
         async def body(op_spec: OpSpec) -> None:
-            if cma:
-                await _algorithms.cma_allreduce(self._world, op_spec, flat, ufunc, divide=divide)
+            if shm:
+                await _algorithms.shm_allreduce(world, op_spec, flat, ufunc, divide=divide)
+            elif cma:
+                await _algorithms.cma_allreduce(world, op_spec, flat, ufunc, divide=divide)
             elif small:
                 await _algorithms.recursive_doubling_allreduce(
-                    self._world, op_spec, flat, ufunc, divide=divide
+                    world, op_spec, flat, ufunc, divide=divide
                 )
             else:
-                await _algorithms.ring_allreduce(self._world, op_spec, flat, ufunc, divide=divide)
+                await _algorithms.ring_allreduce(world, op_spec, flat, ufunc, divide=divide)
 
-        await self._run(kind, spec, body)
+        await self._run(
+            kind,
+            body,
+            dtype_code=DTYPE_CODES[flat.dtype],
+            count=flat.shape[0],
+            op_code=_OP_CODES[reduce_op],
+        )
 
     async def broadcast(self, array: np.ndarray[Any, Any], *, root: int = 0) -> None:
         """Copy ``root``'s ``array`` into ``array`` on every other rank, in place.
@@ -293,7 +322,9 @@ class Communicator(metaclass=NoPublicConstructor):
         other), then a binomial tree rooted at ``root``, streamed in chunks, so each rank
         receives the data once and the root's data reaches everyone in ``ceil(log2 n)`` hops.
         Above ``CMA_MIN_BYTES`` with cross-memory attach (see :meth:`allreduce`), every rank
-        copies the root's array directly instead, and the root returns once all have.
+        copies the root's array directly instead, and the root returns once all have. Up to
+        ``SHM_MAX_BYTES`` with a shared segment (``"shm"``), the root writes its array there
+        and every rank its call's identity, and the others copy it once all have.
 
         Raises:
             InvalidArgumentError: bad array or ``root`` not in ``range(world_size)``.
@@ -308,11 +339,12 @@ class Communicator(metaclass=NoPublicConstructor):
             )
         root = int(root)
         flat = self._check_array(array, kind)
-        spec = functools.partial(
-            OpSpec, kind, dtype_code=DTYPE_CODES[flat.dtype], count=flat.shape[0], root=root
-        )
 
         async def body(op_spec: OpSpec) -> None:
+            if self._world.shm is not None and flat.nbytes <= _shm.SHM_MAX_BYTES:
+                # Every rank publishes the call's identity there, so this agrees too.
+                await _algorithms.shm_broadcast(self._world, op_spec, flat, root)
+                return
             # Agree first: a dissemination round of tokens carrying this call's identity (root
             # included) reaches every rank from every rank, so ranks that disagree about the
             # root find out before any data moves. A tree alone cannot: if the root itself
@@ -325,14 +357,18 @@ class Communicator(metaclass=NoPublicConstructor):
             else:
                 await _algorithms.broadcast(self._world, op_spec, flat, root)
 
-        await self._run(kind, spec, body)
+        await self._run(
+            kind, body, dtype_code=DTYPE_CODES[flat.dtype], count=flat.shape[0], root=root
+        )
 
     async def barrier(self) -> None:
         """Return once every rank has entered this barrier.
 
         Algorithm: dissemination barrier (``ceil(log2 n)`` rounds of token exchange). Each
         token carries the barrier's sequence number and round and is checked, so a token left
-        over from an earlier barrier can never release a later one.
+        over from an earlier barrier can never release a later one. With a shared segment
+        (``"shm"`` in :attr:`features`), every rank publishes the barrier there and waits until
+        every peer has.
 
         Raises:
             CollectiveError: see :meth:`allreduce`.
@@ -340,9 +376,12 @@ class Communicator(metaclass=NoPublicConstructor):
         kind = Kind.BARRIER
 
         async def body(op_spec: OpSpec) -> None:
-            await _algorithms.barrier(self._world, op_spec)
+            if self._world.shm is not None:
+                await _algorithms.shm_barrier(self._world, op_spec)
+            else:
+                await _algorithms.barrier(self._world, op_spec)
 
-        await self._run(kind, functools.partial(OpSpec, kind), body)
+        await self._run(kind, body)
 
     async def aclose(self) -> None:
         """Close every connection. Idempotent; later calls raise
@@ -371,8 +410,8 @@ class Communicator(metaclass=NoPublicConstructor):
 
     def _check_op(self, op: ReduceOp | str) -> ReduceOp:
         try:
-            return ReduceOp(op)
-        except ValueError:
+            return _OPS[op]
+        except (KeyError, TypeError):  # TypeError: unhashable
             names = ", ".join(repr(o.value) for o in ReduceOp)
             raise self._invalid(
                 Kind.ALLREDUCE, f"unknown op {op!r}; expected one of {names}"
@@ -434,16 +473,19 @@ class Communicator(metaclass=NoPublicConstructor):
     async def _run(
         self,
         kind: Kind,
-        make_spec: Callable[..., OpSpec],
         body: Callable[[OpSpec], Awaitable[None]],
+        *,
+        dtype_code: int = 0,
+        count: int = 0,
+        op_code: int = 0,
+        root: int = NO_ROOT,
     ) -> None:
         self._check_usable(kind)
         # An already-cancelled caller gets Cancelled here, before any I/O, so the communicator
         # stays usable.
         await trio.lowlevel.checkpoint_if_cancelled()
-        self._check_usable(kind)
         self._seq += 1
-        spec = make_spec(seq=self._seq)
+        spec = OpSpec(kind, self._seq, dtype_code, count, op_code, root)
         self._running = spec
         waits = self._waits.count
         try:
@@ -518,6 +560,9 @@ class Communicator(metaclass=NoPublicConstructor):
             self._state = _State.BROKEN
             self._broken_by = exc
         kind, subject, reason, reporter = self._abort_notice(exc)
+        if self._world.shm is not None:
+            # Before the abort frames: a peer that finds this on the segment reads one.
+            self._world.shm.mark_broken()
         with trio.CancelScope(shield=True):
             with trio.move_on_after(_ABORT_NOTICE_SECONDS):
                 async with trio.open_nursery() as nursery:
@@ -529,6 +574,9 @@ class Communicator(metaclass=NoPublicConstructor):
             await self._close_connections()
 
     async def _close_connections(self) -> None:
+        if self._world.shm is not None:
+            self._world.shm.close()
+            self._world.shm_plans.clear()
         for link in self._links.values():
             await trio.aclose_forcefully(link.connection)
         self._transport.close()
@@ -561,6 +609,7 @@ async def _create_communicator(
     if config.transport == "unix" and config.world_size > 1:
         try:
             comm._world.peer_pids = await _agree_on_cma(config, links)
+            comm._world.shm = await _agree_on_shm(config, links)
         except BaseException as exc:
             with trio.CancelScope(shield=True):
                 await comm._close_connections()
@@ -669,3 +718,113 @@ async def open_communicator(
         yield comm
     finally:
         await comm.aclose()
+
+
+async def _agree_on_shm(config: _config.Config, links: dict[int, Link]) -> _shm.SharedSlots | None:
+    """Decide, identically on every rank, whether small collectives go through a shared
+    segment (see _shm): rank 0 creates it and hands it to every peer over its Unix
+    connection; every rank maps it and says whether that worked; it is used only if it
+    worked everywhere (``setup #0``, offsets 2 and 3). Off without polling
+    (TRIORING_SPIN_US=0, or one CPU): a parked wait on the segment wakes only on a timer."""
+    spec = OpSpec(Kind.SETUP, 0)
+    offer = config.shm and config.spin_seconds > 0 and _shm.unavailable_reason() is None
+    fd = -1
+    slots = None
+    try:
+        if config.rank == 0:
+            if offer:
+                try:
+                    fd = _shm.create_segment(config.world_size)
+                except OSError:
+                    offer = False
+            for link in links.values():
+                await _send_segment(link, spec, fd if offer else -1)
+        else:
+            fd = await _receive_segment(links[0], spec)
+        if offer and fd >= 0:
+            try:
+                slots = _shm.SharedSlots(
+                    fd,
+                    config.rank,
+                    config.world_size,
+                    {peer: link.connection.socket.fileno() for peer, link in links.items()},  # type: ignore[attr-defined]
+                )
+            except (OSError, ValueError):
+                slots = None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    try:
+        verdict = memoryview(struct.pack("<Q", slots is not None))
+        for link in links.values():
+            await link.send(spec, 3, verdict)
+        agreed = slots is not None
+        answer = bytearray(8)
+        for link in links.values():
+            await link.recv(spec, 3, memoryview(answer))
+            agreed = agreed and struct.unpack("<Q", answer)[0] == 1
+    except BaseException:
+        if slots is not None:
+            slots.close()
+        raise
+    if not agreed and slots is not None:
+        slots.close()
+        slots = None
+    return slots
+
+
+_SEGMENT = struct.Struct("<Q")  # 1 when the frame carries the segment's descriptor
+
+
+async def _send_segment(link: Link, spec: OpSpec, fd: int) -> None:
+    frame = bytearray(HEADER.size + _SEGMENT.size)
+    pack_data_header(frame, spec, 2, _SEGMENT.size)
+    _SEGMENT.pack_into(frame, HEADER.size, fd >= 0)
+    sock = link.connection.socket  # type: ignore[attr-defined]
+    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))] if fd >= 0 else []
+    try:
+        sent = await sock.sendmsg([frame], ancillary)
+        if sent < len(frame):
+            await link.connection.send_all(memoryview(frame)[sent:])
+    except (OSError, trio.BrokenResourceError) as exc:
+        raise link.peer_failed(spec, f"connection to peer rank {link.peer} broke: {exc}") from exc
+
+
+async def _receive_segment(link: Link, spec: OpSpec) -> int:
+    """The descriptor rank 0 sent over ``link`` (-1 when it offered none)."""
+    size = HEADER.size + _SEGMENT.size
+    sock = link.connection.socket  # type: ignore[attr-defined]
+    fds: list[int] = []
+    try:
+        data, ancillary, flags, _ = await sock.recvmsg(size, socket.CMSG_SPACE(4))
+        for level, kind, payload in ancillary:
+            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                usable = len(payload) - len(payload) % 4
+                fds.extend(array.array("i", payload[:usable]))
+        received = bytearray(data)
+        while data and len(received) < size:
+            data = await sock.recv(size - len(received))
+            received += data
+    except OSError as exc:
+        for fd in fds:
+            os.close(fd)
+        raise link.peer_failed(spec, f"connection to peer rank {link.peer} broke: {exc}") from exc
+    if len(received) < size:
+        for fd in fds:
+            os.close(fd)
+        raise link.peer_failed(
+            spec,
+            f"connection to peer rank {link.peer} was closed during setup (the peer exited)",
+        )
+    expected = bytearray(HEADER.size)
+    pack_data_header(expected, spec, 2, _SEGMENT.size)
+    (offered,) = _SEGMENT.unpack_from(received, HEADER.size)
+    if received[: HEADER.size] != expected:
+        for fd in fds:
+            os.close(fd)
+        raise link.protocol_error(spec, "expected the shared segment's frame during setup")
+    if not offered or len(fds) != 1 or flags & socket.MSG_CTRUNC:
+        for fd in fds:
+            os.close(fd)
+        return -1
+    return fds[0]

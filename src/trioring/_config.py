@@ -46,6 +46,8 @@ class Config:
     spin_seconds: float = 0.0
     #: Whether this rank offers cross-memory attach for large collectives (TRIORING_CMA).
     cma: bool = True
+    #: Whether this rank offers a shared segment for small collectives (TRIORING_SHM).
+    shm: bool = True
 
     @property
     def rendezvous_over_socket_dir(self) -> bool:
@@ -242,6 +244,7 @@ def resolve(
         credentials=Credentials(secret, job_id(env)),
         spin_seconds=spin_seconds(env),
         cma=_flag(env, "TRIORING_CMA", default=True),
+        shm=_flag(env, "TRIORING_SHM", default=True),
     )
 
 

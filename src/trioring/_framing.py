@@ -140,7 +140,9 @@ class OpSpec:
         return f"{head} {dtype}[{self.count}] #{self.seq}"
 
 
-def pack_data_header(buffer: bytearray, spec: OpSpec, offset: int, nbytes: int) -> None:
+def pack_data_header(
+    buffer: bytearray | memoryview, spec: OpSpec, offset: int, nbytes: int
+) -> None:
     """Write the header of the DATA frame of ``spec`` carrying ``nbytes`` at element
     ``offset`` into ``buffer`` (at least ``HEADER.size`` bytes)."""
     HEADER.pack_into(
@@ -222,7 +224,7 @@ class Link:
 
     def memory_failed(self, spec: OpSpec, error: OSError) -> PeerFailedError:
         """The error for a failed cross-memory read from this link's peer."""
-        return self._peer_failed(
+        return self.peer_failed(
             spec,
             f"could not read the memory of peer rank {self.peer} ({error.strerror}; the peer "
             "exited or left the collective)",
@@ -239,10 +241,44 @@ class Link:
             seq=spec.seq,
         )
 
-    def _failed(self, spec: OpSpec, detail: str) -> PeerFailedError:
-        return self._peer_failed(spec, f"connection to peer rank {self.peer} {detail}")
+    def _mismatch(
+        self, spec: OpSpec, kind: int, seq: int, dtype: int, count: int, op: int, root: int
+    ) -> CollectiveMismatchError:
+        remote = _describe_remote(kind, seq, dtype, count, op, root)
+        return CollectiveMismatchError(
+            f"rank {self.rank}: {spec.describe()}, rank {self.peer}: {remote}",
+            rank=self.rank,
+            job_id=self.job_id,
+            peer=self.peer,
+            collective=spec.kind.label,
+            seq=spec.seq,
+        )
 
-    def _peer_failed(self, spec: OpSpec, what: str) -> PeerFailedError:
+    def header_mismatch(self, spec: OpSpec, header: memoryview) -> CollectiveError:
+        """The error for this link's peer having published, in shared memory, a frame header
+        other than the one of ``spec`` (see _algorithms.shm_allreduce)."""
+        (magic, version, ftype, kind, op, dtype, root, seq, count, offset, nbytes) = (
+            HEADER.unpack_from(header)
+        )
+        if magic != MAGIC or version != VERSION or ftype != FrameType.DATA:
+            return self.protocol_error(spec, "published a corrupt frame header in shared memory")
+        if (kind, seq, dtype, count, op, root) != (
+            spec.kind,
+            spec.seq,
+            spec.dtype_code,
+            spec.count,
+            spec.op_code,
+            spec.root,
+        ):
+            return self._mismatch(spec, kind, seq, dtype, count, op, root)
+        return self.protocol_error(
+            spec, f"published {nbytes} bytes at element {offset} for the same collective"
+        )
+
+    def _failed(self, spec: OpSpec, detail: str) -> PeerFailedError:
+        return self.peer_failed(spec, f"connection to peer rank {self.peer} {detail}")
+
+    def peer_failed(self, spec: OpSpec, what: str) -> PeerFailedError:
         return PeerFailedError(
             f"{self._context(spec)}: {what}",
             rank=self.rank,
@@ -252,7 +288,8 @@ class Link:
             seq=spec.seq,
         )
 
-    def _closed(self, spec: OpSpec) -> CommunicatorClosedError:
+    def closed_error(self, spec: OpSpec) -> CommunicatorClosedError:
+        """The error for a communicator closed by another task during ``spec``."""
         return CommunicatorClosedError(
             f"{self._context(spec)}: the communicator was closed by another task while this "
             "collective was running",
@@ -303,7 +340,7 @@ class Link:
             await self._raise_pending_abort(spec)
             raise self._failed(spec, f"broke while sending: {exc}") from exc
         except trio.ClosedResourceError as exc:
-            raise self._closed(spec) from exc
+            raise self.closed_error(spec) from exc
         self.send_clean = True
 
     async def send(self, spec: OpSpec, offset: int, payload: memoryview) -> None:
@@ -431,7 +468,7 @@ class Link:
         except trio.BrokenResourceError as exc:
             raise self._failed(spec, f"broke while receiving {what}: {exc}") from exc
         except trio.ClosedResourceError as exc:
-            raise self._closed(spec) from exc
+            raise self.closed_error(spec) from exc
 
     async def _park(self, spec: OpSpec, fast: SocketConnection) -> None:
         """Wait until this link is readable. A wait that lasts (the peer has not reached
@@ -615,15 +652,7 @@ class Link:
             spec.op_code,
             spec.root,
         ):
-            remote = _describe_remote(kind, seq, dtype, count, op, root)
-            raise CollectiveMismatchError(
-                f"rank {self.rank}: {spec.describe()}, rank {self.peer}: {remote}",
-                rank=self.rank,
-                job_id=self.job_id,
-                peer=self.peer,
-                collective=spec.kind.label,
-                seq=spec.seq,
-            )
+            raise self._mismatch(spec, kind, seq, dtype, count, op, root)
         if r_offset != offset or nbytes != into.nbytes:
             raise self.protocol_error(
                 spec,

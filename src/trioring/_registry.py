@@ -9,7 +9,7 @@ from typing import Literal, final
 
 import attrs
 
-from . import _cma
+from . import _cma, _shm
 from ._config import DEFAULT_SPIN_US, spin_seconds
 from ._errors import ConfigurationError, TransportUnavailable
 from .transports import MemoryTransport, TcpTransport, Transport, UnixTransport
@@ -133,6 +133,17 @@ def _spin_unavailable() -> str | None:
     return "this process may run on one CPU only, where polling would only delay the peer"
 
 
+def _shm_unavailable() -> str | None:
+    reason = _shm.unavailable_reason()
+    if reason is not None:
+        return reason
+    spin = _spin_unavailable()
+    if spin is not None:
+        # Parked, a wait on the segment wakes only on the event loop's millisecond timer.
+        return f"needs polling (the spin feature), which is off: {spin}"
+    return None
+
+
 def _features() -> list[Capability]:
     return [
         Capability(
@@ -149,6 +160,13 @@ def _features() -> list[Capability]:
                 _cma.unavailable_reason(),
                 "large collectives between ranks on one host (unix) copy straight from "
                 "peers' memory (process_vm_readv); off with TRIORING_CMA=0",
+            ),
+            (
+                "shm",
+                _shm_unavailable(),
+                "barriers and collectives of up to "
+                f"{_shm.SHM_MAX_BYTES} bytes between ranks on one host (unix) go through a "
+                "shared segment instead of sockets; off with TRIORING_SHM=0",
             ),
             (
                 "spin",

@@ -7,7 +7,8 @@ and a broadcast from root ``i % n``. In each iteration about half of the ranks (
 their result against numpy, and the other half overwrite their array with garbage as soon as
 the call returns: a rank that returned while a peer could still read its array would corrupt
 that peer's result, which the peer's check catches. ``STRESS_NO_CMA_RANK=r`` makes rank r
-refuse cross-memory attach, so every rank must fall back. Writes ``rank{r}.json`` (errors and
+refuse cross-memory attach, and ``STRESS_NO_SHM_RANK=r`` the shared segment, so every rank
+must fall back. Writes ``rank{r}.json`` (errors and
 the communicator's features) and exits 1 if any result was wrong.
 """
 
@@ -38,15 +39,19 @@ async def main(iterations: int, out_dir: Path) -> int:
     rank = int(os.environ["RANK"])
     if os.environ.get("STRESS_NO_CMA_RANK") == str(rank):
         os.environ["TRIORING_CMA"] = "0"
+    if os.environ.get("STRESS_NO_SHM_RANK") == str(rank):
+        os.environ["TRIORING_SHM"] = "0"
     errors: list[str] = []
     with trio.fail_after(120):
         async with trioring.open_communicator() as comm:
             n = comm.world_size
             for i in range(iterations):
                 dtype = np.dtype(DTYPES[i % len(DTYPES)])
-                # Odd counts from a few elements to ~8 MB: every path (recursive
-                # doubling, ring or cross-memory attach, uneven segments) is exercised.
-                count = [3, 65_537, 1_000_001, 2_500_001, 8_000_001][i % 5] // dtype.itemsize | 1
+                # Odd counts from a few elements to ~8 MB: every path (shared segment,
+                # recursive doubling, ring or cross-memory attach, uneven segments) is
+                # exercised.
+                sizes = [3, 1_001, 4_095, 65_537, 1_000_001, 2_500_001, 8_000_001]
+                count = sizes[i % len(sizes)] // dtype.itemsize | 1
                 op = "sum" if dtype.kind in "iu" else ("min", "max")[i % 2]
                 inputs = [make(i, q, count, dtype) for q in range(n)]
                 checker = (rank + i // n) % 2 == 0

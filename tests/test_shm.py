@@ -1,0 +1,104 @@
+"""The shared-memory path for barriers and small collectives (``"shm"`` feature), across real
+processes on Unix sockets: exact results, waits that park, other tasks during a wait,
+mismatches with either path, and a close from another task. The stress worker in
+test_fastpaths.py covers arrays overwritten on return and the fallback when a rank refuses;
+test_faults.py covers killed and cancelling peers (many of its worlds use this path).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from typing import TYPE_CHECKING, Any
+
+import pytest
+
+import trioring
+from trioring import _shm
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    from conftest import Worlds
+
+SCRIPT = "shm_worker.py"
+
+pytestmark = pytest.mark.skipif(
+    not trioring.is_available("shm"), reason=f"shm unavailable: {_shm.unavailable_reason()}"
+)
+
+
+def error_of(report: dict[str, Any], step: str) -> dict[str, Any]:
+    error: dict[str, Any] | None = report["steps"][step]["error"]
+    assert error is not None, f"worker {report['index']}: {step} raised nothing"
+    return error
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4, 5])
+def test_results_are_bitwise_those_of_recursive_doubling(worlds: Worlds, world_size: int) -> None:
+    world = worlds.start(SCRIPT, "exact", world_size=world_size, mode="unix-dir")
+    for report in world.finish():
+        assert report["features"] == ["cma", "shm", "spin"] or report["features"] == [
+            "shm",
+            "spin",
+        ], report["features"]
+        assert report["errors"] == [], report["errors"]
+        assert report["calls"] > 100
+
+
+def test_waits_that_park_still_complete(worlds: Worlds) -> None:
+    world = worlds.start(SCRIPT, "late", world_size=3, mode="unix-dir")
+    for report in world.finish():
+        assert "shm" in report["features"]
+        assert report["errors"] == [], report["errors"]
+
+
+def test_other_tasks_run_while_a_rank_waits_on_the_segment(worlds: Worlds) -> None:
+    world = worlds.start(SCRIPT, "busy", world_size=2, mode="unix-dir")
+    reports = world.finish()
+    assert reports[0]["ticks"] == 100
+    assert all("shm" in report["features"] for report in reports)
+
+
+@pytest.mark.parametrize("other", ["barrier", "large"])
+def test_mismatch_raises_on_every_rank(worlds: Worlds, other: str) -> None:
+    """Rank 1 calls a barrier (also through the segment) or an allreduce too large for it
+    (through the sockets) where ranks 0 and 2 allreduce 4 bytes: every rank raises, and the
+    ranks that see the difference name both calls."""
+    world = worlds.start(SCRIPT, "mismatch", world_size=3, mode="unix-dir", args=[other])
+    reports = world.finish()
+    theirs = "barrier" if other == "barrier" else "float32[262144]"
+    for report in reports:
+        assert report["steps"]["agreed"]["error"] is None
+        error = error_of(report, "mismatched")
+        assert error["type"] in ("CollectiveMismatchError", "PeerAbortedError"), error
+    for report in reports:
+        error = error_of(report, "mismatched")
+        if error["type"] == "CollectiveMismatchError":
+            assert "allreduce(sum) float32[1]" in error["message"], error
+            assert theirs in error["message"], error
+    assert any(error_of(r, "mismatched")["type"] == "CollectiveMismatchError" for r in reports)
+
+
+def test_close_from_another_task_ends_a_wait(worlds: Worlds) -> None:
+    world = worlds.start(SCRIPT, "closed", world_size=2, mode="unix-dir")
+    report = world.finish()[0]
+    error = error_of(report, "barrier")
+    assert error["type"] == "CommunicatorClosedError", error
+
+
+def test_a_segment_must_be_a_memfd(tmp_path: Path) -> None:
+    """A descriptor from a peer is mapped only if it is a memfd (it has seals), never, say, a
+    file that our writes would then land in."""
+    with (tmp_path / "file").open("wb+") as file:
+        file.truncate(_shm.segment_bytes(2))
+        with pytest.raises(OSError, match="Invalid argument") as info:
+            _shm.SharedSlots(file.fileno(), 0, 2, {})
+        assert info.value.errno == errno.EINVAL
+    fd = _shm.create_segment(2)
+    try:
+        slots = _shm.SharedSlots(fd, 0, 2, {})
+    finally:
+        os.close(fd)
+    assert slots.seqs[slots.own_word] == 0
+    slots.close()

@@ -1,0 +1,189 @@
+"""One rank of tests/test_shm.py: the shared-memory path for small collectives.
+
+``python shm_worker.py SCENARIO OUT_DIR INDEX [ARGS...]`` (see _worker_util). Scenarios:
+
+- ``exact``: allreduces of every supported op over seeded inputs of 0 to 1024 elements and
+  five dtypes, each checked bitwise against recursive doubling's order of operations computed
+  here with numpy; broadcasts from every root; barriers. Records the features in use.
+- ``late``: rank 1 enters each call only after ``WAIT`` seconds, so the others' waits park
+  (past the polling phase); results are checked.
+- ``busy``: rank 1 enters a barrier only once rank 0's other task has run 100 times while
+  rank 0 waits in it (a wait on the segment that held the thread would hang this).
+- ``mismatch``: rank 1 calls ARG (``barrier`` or ``large``: an allreduce too large for the
+  segment) where the others allreduce 4 bytes; every rank records its error.
+- ``closed``: rank 0 waits in a barrier (rank 1 never comes) while another task closes the
+  communicator.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import _worker_util
+import numpy as np
+import trio
+
+if TYPE_CHECKING:
+    from _worker_util import Reporter
+
+    import trioring
+
+HANG_S = 20.0
+WAIT_S = 0.03
+DTYPES = ("float32", "float64", "float16", "int32", "complex64")
+COUNTS = (0, 1, 3, 17, 1024)
+UFUNCS = {"sum": np.add, "mean": np.add, "min": np.minimum, "max": np.maximum, "prod": np.multiply}
+
+
+def inputs(seed: int, rank: int, count: int, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+    rng = np.random.default_rng([seed, rank])
+    if dtype.kind == "i":
+        return rng.integers(-1000, 1000, count).astype(dtype)
+    values = rng.standard_normal(count) * 10
+    if dtype.kind == "c":
+        values = values + 1j * rng.standard_normal(count)
+    return values.astype(dtype)
+
+
+def doubling_order(arrays: list[np.ndarray[Any, Any]], op: str) -> np.ndarray[Any, Any]:
+    """What recursive doubling computes: leaf r = op(a_r, a_{r+p}) for the folded ranks,
+    then neighbours pair up, lower first, level by level; a mean divides at the end."""
+    ufunc, n = UFUNCS[op], len(arrays)
+    p = 1 << (n.bit_length() - 1)
+    with np.errstate(all="ignore"):
+        level = [ufunc(arrays[r], arrays[r + p]) if r < n - p else arrays[r] for r in range(p)]
+        while len(level) > 1:
+            level = [ufunc(level[i], level[i + 1]) for i in range(0, len(level), 2)]
+        result = level[0].copy()
+        if op == "mean":
+            np.divide(result, n, out=result)
+    return result
+
+
+async def scenario_exact(reporter: Reporter, comm: trioring.Communicator, args: list[str]) -> None:
+    n, rank = comm.world_size, comm.rank
+    errors: list[str] = []
+    calls = 0
+    with trio.fail_after(HANG_S):
+        for seed, (dtype_name, count) in enumerate((d, c) for d in DTYPES for c in COUNTS):
+            dtype = np.dtype(dtype_name)
+            for op in UFUNCS:
+                if (op == "mean" and dtype.kind == "i") or (
+                    op in ("min", "max") and dtype.kind == "c"
+                ):
+                    continue
+                mine = [inputs(seed, q, count, dtype) for q in range(n)]
+                array = mine[rank].copy()
+                await comm.allreduce(array, op=op)
+                calls += 1
+                expected = doubling_order(mine, op)
+                if array.tobytes() != expected.tobytes():
+                    errors.append(f"allreduce {op} {dtype}[{count}]: {array[:4]} != {expected[:4]}")
+                array[...] = 0  # overwritten at once: a peer still reading it would see it
+            for root in range(n):
+                array = inputs(seed, rank, count, dtype)
+                await comm.broadcast(array, root=root)
+                calls += 1
+                if array.tobytes() != inputs(seed, root, count, dtype).tobytes():
+                    errors.append(f"broadcast root {root} {dtype}[{count}]")
+                array[...] = 0
+            await comm.barrier()
+            calls += 1
+    reporter.report.update(errors=errors, calls=calls, features=sorted(comm.features))
+
+
+async def scenario_late(reporter: Reporter, comm: trioring.Communicator, args: list[str]) -> None:
+    n, rank = comm.world_size, comm.rank
+    errors = []
+    with trio.fail_after(HANG_S):
+        for i in range(3):
+            if rank == 1:
+                await trio.sleep(WAIT_S)  # lateness, not synchronisation: any delay works
+            await comm.barrier()
+            if rank == 1:
+                await trio.sleep(WAIT_S)
+            array = np.full(5, rank + i, dtype=np.int64)
+            await comm.allreduce(array)
+            if not (array == sum(q + i for q in range(n))).all():
+                errors.append(f"allreduce {i}: {array}")
+    reporter.report.update(errors=errors, features=sorted(comm.features))
+
+
+async def scenario_busy(reporter: Reporter, comm: trioring.Communicator, args: list[str]) -> None:
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while ticks < 100:
+            ticks += 1
+            await trio.lowlevel.checkpoint()
+        reporter.mark("ticked")
+
+    with trio.fail_after(HANG_S):
+        if comm.rank == 0:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(ticker)
+                await comm.barrier()
+        else:
+            await reporter.wait_for("w0.ticked")
+            await comm.barrier()
+    reporter.report.update(ticks=ticks, features=sorted(comm.features))
+
+
+async def scenario_mismatch(
+    reporter: Reporter, comm: trioring.Communicator, args: list[str]
+) -> None:
+    what = args[0]
+
+    async def call() -> None:
+        if comm.rank != 1:
+            await comm.allreduce(np.ones(1, np.float32))
+        elif what == "barrier":
+            await comm.barrier()
+        else:
+            await comm.allreduce(np.ones(1 << 18, np.float32))
+
+    await reporter.step("agreed", comm.barrier, hang_after=HANG_S)
+    await reporter.step("mismatched", call, hang_after=HANG_S)
+    reporter.report.update(features=sorted(comm.features))
+
+
+async def scenario_closed(reporter: Reporter, comm: trioring.Communicator, args: list[str]) -> None:
+    if comm.rank != 0:
+        with trio.fail_after(HANG_S):
+            await reporter.wait_for("w0.done")
+        return
+
+    async def wait_in_barrier() -> None:
+        await comm.barrier()
+
+    async def close_soon() -> None:
+        for _ in range(10):
+            await trio.lowlevel.checkpoint()
+        await comm.aclose()
+
+    async def both() -> None:
+        try:
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(close_soon)
+                await wait_in_barrier()
+        except BaseExceptionGroup as group:
+            # The one error of the barrier, as the report records errors.
+            if len(group.exceptions) == 1:
+                raise group.exceptions[0] from None
+            raise
+
+    await reporter.step("barrier", both, hang_after=HANG_S)
+    reporter.mark("done")
+
+
+if __name__ == "__main__":
+    _worker_util.main(
+        {
+            "exact": scenario_exact,
+            "late": scenario_late,
+            "busy": scenario_busy,
+            "mismatch": scenario_mismatch,
+            "closed": scenario_closed,
+        }
+    )
