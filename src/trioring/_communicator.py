@@ -438,6 +438,8 @@ class Communicator(metaclass=NoPublicConstructor):
         return array if array.ndim == 1 else array.reshape(-1)
 
     def _check_usable(self, kind: Kind) -> None:
+        if self._state is _State.OPEN and self._running is None:
+            return  # the common case, in two comparisons
         if self._state is _State.CLOSED:
             raise CommunicatorClosedError(
                 f"{self._where(kind)}: the communicator is closed",
