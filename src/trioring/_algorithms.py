@@ -21,7 +21,7 @@ import trio
 
 from . import _cma
 from ._concurrency import run_concurrently
-from ._framing import pack_data_header
+from ._framing import SPIN_SLICE_SECONDS, pack_data_header
 from ._shm import BROKEN
 
 if TYPE_CHECKING:
@@ -542,8 +542,6 @@ async def cma_broadcast(world: World, spec: OpSpec, flat: np.ndarray, root: int)
 SHM_SPIN_SECONDS = 0.001
 #: How long a parked wait sleeps before it looks at the segment again.
 _SHM_PARK_SECONDS = 0.001
-#: A wait lets other tasks run at least this often.
-_SHM_SLICE_SECONDS = 0.0002
 
 
 def _shm_publish(world: World, spec: OpSpec, nbytes: int) -> None:
@@ -588,7 +586,7 @@ async def _shm_poll(world: World, spec: OpSpec, late: list[int]) -> None:
     waits = any_link.waits
     start = time.perf_counter()
     deadline = start + max(SHM_SPIN_SECONDS, any_link.spin_seconds)
-    slice_end = start + _SHM_SLICE_SECONDS
+    slice_end = start + SPIN_SLICE_SECONDS
     statistics = trio.lowlevel.current_statistics
     tries = 0
     while True:
@@ -608,7 +606,7 @@ async def _shm_poll(world: World, spec: OpSpec, late: list[int]) -> None:
             waits.count += 1
             await trio.lowlevel.checkpoint()
             _shm_check_open(world, spec)
-            slice_end = time.perf_counter() + _SHM_SLICE_SECONDS
+            slice_end = time.perf_counter() + SPIN_SLICE_SECONDS
     while True:
         await _shm_check_links(world, spec, late)
         waits.count += 1

@@ -798,35 +798,33 @@ async def _receive_segment(link: Link, spec: OpSpec) -> int:
     sock = link.connection.socket  # type: ignore[attr-defined]
     fds: list[int] = []
     try:
-        data, ancillary, flags, _ = await sock.recvmsg(size, socket.CMSG_SPACE(4))
-        for level, kind, payload in ancillary:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                usable = len(payload) - len(payload) % 4
-                fds.extend(array.array("i", payload[:usable]))
-        received = bytearray(data)
-        while data and len(received) < size:
-            data = await sock.recv(size - len(received))
-            received += data
-    except OSError as exc:
-        for fd in fds:
-            os.close(fd)
-        raise link.peer_failed(spec, f"connection to peer rank {link.peer} broke: {exc}") from exc
-    if len(received) < size:
-        for fd in fds:
-            os.close(fd)
-        raise link.peer_failed(
-            spec,
-            f"connection to peer rank {link.peer} was closed during setup (the peer exited)",
-        )
-    expected = bytearray(HEADER.size)
-    pack_data_header(expected, spec, 2, _SEGMENT.size)
-    (offered,) = _SEGMENT.unpack_from(received, HEADER.size)
-    if received[: HEADER.size] != expected:
-        for fd in fds:
-            os.close(fd)
-        raise link.protocol_error(spec, "expected the shared segment's frame during setup")
-    if not offered or len(fds) != 1 or flags & socket.MSG_CTRUNC:
-        for fd in fds:
-            os.close(fd)
+        try:
+            data, ancillary, flags, _ = await sock.recvmsg(size, socket.CMSG_SPACE(4))
+            for level, kind, payload in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    usable = len(payload) - len(payload) % 4
+                    fds.extend(array.array("i", payload[:usable]))
+            received = bytearray(data)
+            while data and len(received) < size:
+                data = await sock.recv(size - len(received))
+                received += data
+        except OSError as exc:
+            raise link.peer_failed(
+                spec, f"connection to peer rank {link.peer} broke: {exc}"
+            ) from exc
+        if len(received) < size:
+            raise link.peer_failed(
+                spec,
+                f"connection to peer rank {link.peer} was closed during setup (the peer exited)",
+            )
+        expected = bytearray(HEADER.size)
+        pack_data_header(expected, spec, 2, _SEGMENT.size)
+        if received[: HEADER.size] != expected:
+            raise link.protocol_error(spec, "expected the shared segment's frame during setup")
+        (offered,) = _SEGMENT.unpack_from(received, HEADER.size)
+        if offered and len(fds) == 1 and not flags & socket.MSG_CTRUNC:
+            return fds.pop()
         return -1
-    return fds[0]
+    finally:
+        for fd in fds:  # all of them, except the one returned
+            os.close(fd)

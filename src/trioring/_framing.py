@@ -51,8 +51,8 @@ SMALL_FRAME = 64 * 1024
 _PENDING_ABORT_SECONDS = 0.05
 # How many small DATA frames it reads past, at most, looking for it.
 _PENDING_FRAMES_SKIPPED = 4
-# A receive's poll (spin_seconds) lets other tasks run at least this often.
-_SPIN_SLICE_SECONDS = 0.0002
+# A poll (a receive's, or a wait on the shared segment) lets other tasks run at least this often.
+SPIN_SLICE_SECONDS = 0.0002
 # A receive that waits longer than this starts watching the other idle links for aborts.
 _WATCH_AFTER_SECONDS = 0.02
 # How many small data frames a watch reads ahead on one link, at most, before it gives up.
@@ -243,7 +243,17 @@ class Link:
 
     def _mismatch(
         self, spec: OpSpec, kind: int, seq: int, dtype: int, count: int, op: int, root: int
-    ) -> CollectiveMismatchError:
+    ) -> CollectiveMismatchError | None:
+        """The error for a peer's call whose identity is not ``spec``'s; None if it is."""
+        if (kind, seq, dtype, count, op, root) == (
+            spec.kind,
+            spec.seq,
+            spec.dtype_code,
+            spec.count,
+            spec.op_code,
+            spec.root,
+        ):
+            return None
         remote = _describe_remote(kind, seq, dtype, count, op, root)
         return CollectiveMismatchError(
             f"rank {self.rank}: {spec.describe()}, rank {self.peer}: {remote}",
@@ -262,15 +272,9 @@ class Link:
         )
         if magic != MAGIC or version != VERSION or ftype != FrameType.DATA:
             return self.protocol_error(spec, "published a corrupt frame header in shared memory")
-        if (kind, seq, dtype, count, op, root) != (
-            spec.kind,
-            spec.seq,
-            spec.dtype_code,
-            spec.count,
-            spec.op_code,
-            spec.root,
-        ):
-            return self._mismatch(spec, kind, seq, dtype, count, op, root)
+        mismatch = self._mismatch(spec, kind, seq, dtype, count, op, root)
+        if mismatch is not None:
+            return mismatch
         return self.protocol_error(
             spec, f"published {nbytes} bytes at element {offset} for the same collective"
         )
@@ -423,7 +427,7 @@ class Link:
         before parking: a peer on another core often answers within microseconds, far
         sooner than a wake-up through the event loop would deliver it. Other tasks of this
         program still run during the poll: from its second try on as soon as Trio has them
-        queued, and in any case every ``_SPIN_SLICE_SECONDS``."""
+        queued, and in any case every ``SPIN_SLICE_SECONDS``."""
         if self._ahead:
             # Read ahead by a watch (see _watch_for_abort); a plain copy, not a checkpoint.
             taken = min(len(self._ahead), view.nbytes)
@@ -439,7 +443,7 @@ class Link:
             if got is None and self.spin_seconds:
                 start = time.perf_counter()
                 deadline = start + self.spin_seconds
-                slice_end = start + _SPIN_SLICE_SECONDS
+                slice_end = start + SPIN_SLICE_SECONDS
                 # The first try always yields the CPU: most waits end after one, and asking
                 # Trio for its statistics costs more than the yield (about 10 % of a 4-byte
                 # allreduce at world 4 on 2 cores).
@@ -454,7 +458,7 @@ class Link:
                         # holding the thread (a checkpoint; no bytes are half-read here).
                         self.waits.count += 1
                         await trio.lowlevel.checkpoint()
-                        slice_end = time.perf_counter() + _SPIN_SLICE_SECONDS
+                        slice_end = time.perf_counter() + SPIN_SLICE_SECONDS
                     else:
                         os.sched_yield()
                     got = fast.recv_nowait(view)
@@ -644,15 +648,9 @@ class Link:
             await self._raise_abort(spec, kind, root, seq, nbytes, count)
         if ftype != FrameType.DATA:
             raise self.protocol_error(spec, f"unknown frame type {ftype}")
-        if (kind, seq, dtype, count, op, root) != (
-            spec.kind,
-            spec.seq,
-            spec.dtype_code,
-            spec.count,
-            spec.op_code,
-            spec.root,
-        ):
-            raise self._mismatch(spec, kind, seq, dtype, count, op, root)
+        mismatch = self._mismatch(spec, kind, seq, dtype, count, op, root)
+        if mismatch is not None:
+            raise mismatch
         if r_offset != offset or nbytes != into.nbytes:
             raise self.protocol_error(
                 spec,

@@ -110,18 +110,13 @@ class SharedSlots:
         # descriptor open for as long as any view of the map lives.
         buffer = _map_shared(fd, size)
         self._cache: dict[tuple[int, np.dtype, int], np.ndarray] = {}
-        self.rank = rank
-        self.size = world_size
-        self._buffer = buffer
-        #: Sequence words, indexed by rank * (LINE // 8).
+        #: Sequence words: rank r's is ``seqs[r * LINE // 8]``, on a line of its own.
         self.seqs = buffer.data.cast("Q")
-        self.stride = LINE // 8
-        self.own_word = rank * self.stride
+        self.own_word = rank * LINE // 8
         self.peers = [q for q in range(world_size) if q != rank]
         #: Where each peer's sequence word is in :attr:`seqs`.
-        self.peer_words = [q * self.stride for q in self.peers]
+        self.peer_words = [q * LINE // 8 for q in self.peers]
         slots = buffer[world_size * LINE :].reshape(2, world_size, SLOT_BYTES)
-        self._slots = slots
         self.headers = [[slots[p, q, :48].data for q in range(world_size)] for p in (0, 1)]
         self._payload_rows = slots[:, :, _PAYLOAD_AT:]
         self.closed = False
@@ -130,10 +125,6 @@ class SharedSlots:
         for peer, link_fd in link_fds.items():
             self.events.register(link_fd, select.EPOLLIN | select.EPOLLRDHUP)
             self.link_of_fd[link_fd] = peer
-
-    def payload(self, parity: int, rank: int, nbytes: int) -> memoryview:
-        """Rank ``rank``'s payload bytes in slot ``parity``."""
-        return self._slots[parity, rank, _PAYLOAD_AT : _PAYLOAD_AT + nbytes].data
 
     def rows(self, parity: int, dtype: np.dtype, count: int) -> np.ndarray:
         """Every rank's payload in slot ``parity`` as an ``(n, count)`` array of ``dtype``.
@@ -168,7 +159,7 @@ class SharedSlots:
         self._cache.clear()
         self.headers = []
         self.seqs.release()
-        del self._slots, self._payload_rows, self._buffer
+        del self._payload_rows
 
 
 _libc = ctypes.CDLL(None, use_errno=True) if _reason is None else None
