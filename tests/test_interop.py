@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
 import shutil
@@ -24,22 +23,14 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from clean_env import clean_env
+from netns import Hosts, open_hosts
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
 WORKER = Path(__file__).parent / "workers" / "interop_worker.py"
 TIMEOUT = 90
-
-
-def clean_env(**extra: str) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith(("TRIORING_", "MASTER_", "OMPI_", "PMI", "SLURM_", "TORCHELASTIC"))
-        and k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE")
-    }
-    env.update(extra)
-    return env
 
 
 def free_port_pair() -> int:
@@ -151,77 +142,26 @@ def test_under_open_mpi_over_tcp(tmp_path: Path) -> None:
 
 # -- several hosts, for real: network namespaces --------------------------------------------
 
-SUBNET = "10.213.77"
-
-
-def sh(*argv: str) -> None:
-    result = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
-    if result.returncode != 0:
-        raise RuntimeError(f"{' '.join(argv)}: {result.stderr.strip()}")
-
 
 @pytest.fixture
-def namespaces() -> Iterator[list[str]]:
-    """Three namespaces on one bridge, with addresses SUBNET.1 .. SUBNET.3."""
-    tag = f"{os.getpid() % 100000}"
-    names = [f"trr{tag}{i}" for i in range(3)]
-    bridge = f"trrbr{tag}"
-    created: list[tuple[str, str]] = []
-    try:
-        if shutil.which("ip") is None:
-            raise RuntimeError("iproute2's 'ip' command is missing")
-        sh("ip", "link", "add", bridge, "type", "bridge")
-        created.append(("link", bridge))
-        sh("ip", "link", "set", bridge, "up")
-        for index, name in enumerate(names):
-            sh("ip", "netns", "add", name)
-            created.append(("netns", name))
-            outside, inside = f"trv{tag}{index}", interface_name(name, index)
-            sh("ip", "link", "add", outside, "type", "veth", "peer", "name", inside)
-            created.append(("link", outside))
-            sh("ip", "link", "set", inside, "netns", name)
-            sh("ip", "link", "set", outside, "master", bridge, "up")
-            sh("ip", "-n", name, "addr", "add", f"{SUBNET}.{index + 1}/24", "dev", inside)
-            sh("ip", "-n", name, "link", "set", inside, "up")
-            sh("ip", "-n", name, "link", "set", "lo", "up")
-    except (RuntimeError, OSError) as exc:
-        teardown(created)
-        pytest.fail(f"cannot create network namespaces (needs root and iproute2): {exc}")
-    try:
-        yield names
-    finally:
-        teardown(created)
-
-
-def interface_name(namespace: str, index: int) -> str:
-    # Unique on the host (the peer end is created outside the namespace, then moved in).
-    return f"trp{namespace[3:-1]}{index}"
-
-
-def teardown(created: list[tuple[str, str]]) -> None:
-    for kind, name in reversed(created):
-        if kind == "netns":
-            subprocess.run(["ip", "netns", "del", name], capture_output=True, check=False)
-        else:
-            subprocess.run(["ip", "link", "del", name], capture_output=True, check=False)
+def namespaces() -> Iterator[Hosts]:
+    """Three hosts on one bridge, with addresses SUBNET.1 .. SUBNET.3."""
+    with open_hosts(3) as hosts:
+        yield hosts
 
 
 def run_in_namespaces(
-    names: list[str], env: dict[str, str], *, ifname: bool = False
+    hosts: Hosts, env: dict[str, str], *, ifname: bool = False
 ) -> list[subprocess.CompletedProcess[str]]:
     def rank_env(rank: int) -> dict[str, str]:
-        extra = {"TRIORING_IFNAME": interface_name(names[rank], rank)} if ifname else {}
-        return clean_env(RANK=str(rank), WORLD_SIZE=str(len(names)), **env, **extra)
+        extra = {"TRIORING_IFNAME": hosts.interface(rank)} if ifname else {}
+        return clean_env(RANK=str(rank), WORLD_SIZE=str(len(hosts.names)), **env, **extra)
 
     processes = [
-        subprocess.Popen(
-            ["ip", "netns", "exec", name, sys.executable, str(WORKER)],
-            env=rank_env(rank),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
+        hosts.python(
+            rank, str(WORKER), rank_env(rank), stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
-        for rank, name in enumerate(names)
+        for rank in range(len(hosts.names))
     ]
     results = []
     try:
@@ -239,9 +179,9 @@ def run_in_namespaces(
 
 
 @pytest.mark.parametrize("ifname", [False, True], ids=["route-to-master", "TRIORING_IFNAME"])
-def test_three_hosts_over_tcp_with_a_secret(namespaces: list[str], ifname: bool) -> None:
+def test_three_hosts_over_tcp_with_a_secret(namespaces: Hosts, ifname: bool) -> None:
     env = {
-        "MASTER_ADDR": f"{SUBNET}.1",
+        "MASTER_ADDR": namespaces.address(0),
         "MASTER_PORT": "29777",
         "TRIORING_SECRET": secrets.token_hex(32),
         "TRIORING_JOB_ID": "netns-test",
@@ -253,8 +193,8 @@ def test_three_hosts_over_tcp_with_a_secret(namespaces: list[str], ifname: bool)
     check_world(reports("".join(r.stdout for r in results)), 3, "tcp")
 
 
-def test_three_hosts_refuse_to_run_without_a_secret(namespaces: list[str]) -> None:
-    env = {"MASTER_ADDR": f"{SUBNET}.1", "MASTER_PORT": "29778", "WORKER_DEADLINE_S": "20"}
+def test_three_hosts_refuse_to_run_without_a_secret(namespaces: Hosts) -> None:
+    env = {"MASTER_ADDR": namespaces.address(0), "MASTER_PORT": "29778", "WORKER_DEADLINE_S": "20"}
     results = run_in_namespaces(namespaces, env)
     for result in results:
         assert result.returncode != 0

@@ -599,7 +599,6 @@ async def _create_communicator(
     transport, links = await connect_world(config, make_transport, make_rendezvous)
     for link in links.values():
         link.spin_seconds = config.spin_seconds
-        link.watch = list(links.values())
     comm = Communicator._create(
         rank=config.rank,
         world_size=config.world_size,
@@ -625,6 +624,13 @@ async def _create_communicator(
                     job_id=config.credentials.job_id or None,
                 ) from exc
             raise
+    # Only now: a long wait watches the other links by reading their frames ahead, and the
+    # set-up above reads the segment's frame straight off the socket (its descriptor travels
+    # beside the bytes), which must not have been read ahead. With 64 ranks on 2 cores the
+    # set-up's waits outlast _WATCH_AFTER_SECONDS, and a watch took rank 0's segment frame:
+    # every 64-rank world failed to open.
+    for link in links.values():
+        link.watch = list(links.values())
     return comm
 
 
@@ -795,6 +801,9 @@ async def _send_segment(link: Link, spec: OpSpec, fd: int) -> None:
 async def _receive_segment(link: Link, spec: OpSpec) -> int:
     """The descriptor rank 0 sent over ``link`` (-1 when it offered none)."""
     size = HEADER.size + _SEGMENT.size
+    # The frame is read straight off the socket, so nothing of it may sit in the link's
+    # buffers (nothing watches the links during set-up; see _create_communicator).
+    assert not link.has_buffered_bytes, "setup frame read ahead"
     sock = link.connection.socket  # type: ignore[attr-defined]
     fds: list[int] = []
     try:

@@ -518,6 +518,12 @@ class Link:
             raise outcome[0]
 
     @property
+    def has_buffered_bytes(self) -> bool:
+        """Whether bytes received from the peer wait in this link's buffers (read ahead by
+        a watch, or past a header) instead of in the socket."""
+        return bool(self._ahead) or self._pending.nbytes > 0
+
+    @property
     def watchable(self) -> bool:
         return self._fast is not None and not self.receiving and not self._watching
 
