@@ -56,15 +56,16 @@ $(call INSTALL_STAMP,test): pyproject.toml $(VENV_STAMP)
 	$(BIN)/python -m pip install --quiet --group interop
 	@touch $@
 
-# The launcher interop tests need Open MPI's mpirun and iproute2's ip (network namespaces).
-# As root (CI, containers) they are installed from Debian's packages; otherwise install
-# openmpi-bin and iproute2 yourself, or those tests fail saying what is missing.
+# The launcher interop tests need Open MPI's mpirun and iproute2's ip (network namespaces);
+# the network fault tests also need iptables (partitions). As root (CI, containers) they are
+# installed from Debian's packages; otherwise install openmpi-bin, iproute2 and iptables
+# yourself, or those tests fail saying what is missing.
 SYSTEM_STAMP := $(VENV)/.stamp-system
 $(SYSTEM_STAMP): $(VENV_STAMP)
-	@if command -v mpirun >/dev/null 2>&1 && command -v ip >/dev/null 2>&1; then :; \
+	@if command -v mpirun >/dev/null 2>&1 && command -v ip >/dev/null 2>&1 && command -v iptables >/dev/null 2>&1; then :; \
 	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
-		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin iproute2 >/dev/null; \
-	else echo "note: mpirun or ip missing and not root: tests/test_interop.py will fail" >&2; fi
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin iproute2 iptables >/dev/null; \
+	else echo "note: mpirun, ip or iptables missing and not root: tests/test_interop.py and tests/test_netfaults.py will fail" >&2; fi
 	@touch $@
 
 $(call INSTALL_STAMP,dev): pyproject.toml $(VENV_STAMP)

@@ -1,4 +1,4 @@
-"""Memory and per-call overhead budgets of issue 5, measured on this machine.
+"""The project's memory and per-call overhead budgets, measured on this machine.
 
     .venv/bin/python bench/budget.py [--json out.json]
 

@@ -1,4 +1,4 @@
-"""How long survivors take to report a SIGKILLed peer (issue 3, goal G1).
+"""How long survivors take to report a SIGKILLed peer (the fail-fast goal of the failure model).
 
 Run by hand (not by pytest), from the repository root::
 
@@ -11,7 +11,7 @@ collective; SIGKILL one rank (rank ``rep % world_size``, so every position takes
 and read, from each survivor's report, when its collective raised. Latency = that moment
 minus the moment the signal was sent, both ``time.monotonic()`` (CLOCK_MONOTONIC, shared by
 every process on the host). Prints median, p90 and max per world, over every survivor and
-over the slowest survivor of each run, with the issue's targets: every survivor within 2 s,
+over the slowest survivor of each run, with the project's targets: every survivor within 2 s,
 median under 200 ms.
 
 ``--phase between`` kills a rank that is idle between collectives while the others wait for

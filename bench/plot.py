@@ -5,8 +5,9 @@
 Writes ``docs/performance/busbw.svg`` (bus bandwidth against size, trioring and Gloo, one
 panel per collective and world size), ``docs/performance/time.svg`` (time ratio trioring /
 Gloo), and the tables the page includes, next to the JSON: ``bench/results/results.md`` (the
-full table), ``bench/results/targets.md`` (issue 5's targets against these measurements) and,
-from ``bench/results/budget.json`` when it exists, ``bench/results/budget.md``. Needs matplotlib (the ``bench`` dependency group).
+full table), ``bench/results/targets.md`` (the performance targets against these
+measurements) and, from ``bench/results/budget.json`` when it exists,
+``bench/results/budget.md``. Needs matplotlib (the ``bench`` dependency group).
 """
 
 from __future__ import annotations
@@ -78,7 +79,7 @@ def plot_busbw(cells: list[dict]) -> None:
 
 
 def plot_ratio(cells: list[dict]) -> None:
-    fig, ax = plt.subplots(figsize=(10, 4), layout="constrained")
+    fig, ax = plt.subplots(figsize=(10, 4.5), layout="constrained")
     for n in sorted({c["world_size"] for c in cells}):
         for collective, style in (("allreduce", "o-"), ("broadcast", "s--")):
             mine = sorted(
@@ -97,7 +98,8 @@ def plot_ratio(cells: list[dict]) -> None:
     ax.set_xticks(sizes, [format_size(s) for s in sizes], rotation=45)
     ax.set_yscale("log")
     ax.set_xlabel("array size (bytes)")
-    ax.set_ylabel("time trioring / time Gloo (below 1: trioring faster)")
+    ax.set_title("time of trioring / time of Gloo (below 1: trioring is faster)")
+    ax.set_ylabel("time ratio")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend()
     fig.savefig(OUT / "time.svg", metadata={"Date": None})
@@ -125,7 +127,7 @@ def table(cells: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-# Issue 5's targets: (collective, world size, size in bytes, trioring's transport, largest
+# The performance targets: (collective, world size, size in bytes, trioring's transport, largest
 # time ratio vs Gloo).
 TARGETS = [
     ("allreduce", 2, 4, "unix", 0.25),

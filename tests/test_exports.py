@@ -31,6 +31,7 @@ def test_expected_surface() -> None:
         "CommunicatorBrokenError",
         "CommunicatorBusyError",
         "CommunicatorClosedError",
+        "ConcurrentOpenError",
         "ConfigurationError",
         "InvalidArgumentError",
         "PeerAbortedError",
@@ -58,6 +59,17 @@ def test_expected_surface() -> None:
         "TransportContext",
         "UnixTransport",
     }
+
+
+def test_public_submodules_are_attributes_of_the_package() -> None:
+    # `import trioring` is enough for `trioring.testing.open_local_world` (issue 14); that a
+    # fresh interpreter gets them is tested in test_rough_edges.py.
+    public_submodules = {
+        name for name in dir(trioring) if isinstance(getattr(trioring, name), types.ModuleType)
+    } - {name for name in dir(trioring) if name.startswith("_")}
+    assert public_submodules == {"testing", "transports"}
+    assert trioring.testing is importlib.import_module("trioring.testing")
+    assert trioring.transports is importlib.import_module("trioring.transports")
 
 
 def test_each_object_exported_once() -> None:

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+from trioring._launcher import THREADS_NOTE
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
@@ -48,6 +50,8 @@ RANK_SCRIPT = textwrap.dedent(
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if kind == "exit-on-term":
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(int(arg)))
+    if kind == "echo":
+        import trioring  # installs the launcher's excepthook (trioring._launched)
 
     socket_dir = os.environ.get("TRIORING_SOCKET_DIR")
     report = {
@@ -59,6 +63,7 @@ RANK_SCRIPT = textwrap.dedent(
                 "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "TRIORING_TRANSPORT",
                 "TRIORING_SOCKET_DIR", "MASTER_ADDR", "MASTER_PORT", "TRIORING_RANK",
                 "TRIORING_WORLD_SIZE", "TRIORING_MASTER_ADDR", "TRIORING_MASTER_PORT",
+                "OMP_NUM_THREADS", "TRIORING_RUN_DIR",
             )
         },
         "socket_dir_mode": (
@@ -100,6 +105,12 @@ RANK_SCRIPT = textwrap.dedent(
     if kind == "sigkill":
         wait_for_peers()
         os.kill(os.getpid(), signal.SIGKILL)
+    if kind == "echo":
+        # What a rank raises when rank `arg` failed under it: only an echo of that failure.
+        wait_for_peers()
+        raise trioring.PeerFailedError(
+            f"rank {rank}: allreduce #1: rank {arg} failed", rank=rank, peer=int(arg)
+        )
     if kind in ("block", "stubborn", "exit-on-term"):
         while True:
             signal.pause()
@@ -148,7 +159,20 @@ class Job:
             str(self.script), str(self.out), json.dumps(plan), *extra,
         ]  # fmt: skip
 
-    def start(self, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    def start(
+        self,
+        argv: list[str],
+        env: dict[str, str] | None = None,
+        *,
+        omp_threads: str | None = "1",
+    ) -> subprocess.Popen[str]:
+        """Start the launcher with ``env`` (default: ours) and OMP_NUM_THREADS set to
+        ``omp_threads`` (None: unset), so that whether the launcher notes setting it does
+        not depend on the environment the suite runs in."""
+        env = dict(os.environ if env is None else env)
+        env.pop("OMP_NUM_THREADS", None)
+        if omp_threads is not None:
+            env["OMP_NUM_THREADS"] = omp_threads
         # The launcher keeps signals it inherits as ignored (like nohup's SIGHUP), and a shell
         # running the suite in the background without job control ignores SIGINT: start it
         # with the default dispositions, whatever this process inherited.
@@ -164,10 +188,12 @@ class Job:
         self.launchers.append(process)
         return process
 
-    def run(self, argv: list[str], env: dict[str, str] | None = None) -> tuple[int, str, float]:
+    def run(
+        self, argv: list[str], env: dict[str, str] | None = None, *, omp_threads: str | None = "1"
+    ) -> tuple[int, str, float]:
         """Run the launcher to completion; return (exit status, stderr, seconds taken)."""
         start = time.monotonic()
-        process = self.start(argv, env)
+        process = self.start(argv, env, omp_threads=omp_threads)
         _, stderr = process.communicate(timeout=DEADLINE_S)
         return process.returncode, stderr, time.monotonic() - start
 
@@ -355,6 +381,79 @@ def test_first_failure_wins_and_late_exits_are_not_failures(job: Job) -> None:
     job.assert_no_rank_alive()
 
 
+def echo_line(rank: int, blamed: int) -> str:
+    """What a rank of kind ``echo:<blamed>`` prints instead of a traceback (trioring._launched)."""
+    return (
+        f"trioring.PeerFailedError: rank {rank}: allreduce #1: rank {blamed} failed "
+        f"[traceback omitted by trioring run: this error only reports that rank {blamed} "
+        "failed]\n"
+    )
+
+
+def test_echoing_rank_is_not_the_first_failure_while_its_culprit_runs(job: Job) -> None:
+    """Rank 0 fails with an error that only reports rank 2's failure, and exits before rank 2
+    does (as peers of a crashed rank often do). Rank 2 is still named the first failure, and
+    was not stopped: it exited with its own status."""
+    plan = {"default": "block", "0": "echo:2", "2": "exit:3", "after_exit_of": "0"}
+    status, stderr, _ = job.run(job.argv(4, plan, "--grace", "20"))
+    assert status == 3
+    assert stderr == echo_line(0, 2) + (
+        "trioring run: rank 2 exited with code 3 (first failure); rank 0 failed because of "
+        "it; terminated ranks 1, 3\n"
+    )
+    job.assert_no_rank_alive()
+
+
+def test_echoing_rank_is_the_first_failure_if_its_culprit_succeeds(job: Job) -> None:
+    status, stderr, _ = job.run(job.argv(2, {"0": "echo:1", "1": "exit:0"}))
+    assert status == 1
+    assert stderr == echo_line(0, 1) + (
+        "trioring run: rank 0 exited with code 1 (first failure); no other rank was running\n"
+    )
+
+
+def test_echoing_rank_is_the_first_failure_if_its_culprit_runs_on(job: Job) -> None:
+    grace = 1.0
+    plan = {"0": "echo:1", "1": "block", "2": "block"}
+    status, stderr, elapsed = job.run(job.argv(3, plan, "--grace", str(grace)))
+    assert status == 1
+    assert stderr == echo_line(0, 1) + (
+        "trioring run: rank 0 exited with code 1 (first failure); terminated ranks 1, 2\n"
+    )
+    assert elapsed >= grace  # rank 1 had the grace period to fail on its own
+    job.assert_no_rank_alive()
+
+
+def test_omp_num_threads_is_set_once_when_unset(job: Job) -> None:
+    status, stderr, _ = job.run(job.argv(3, {}), omp_threads=None)
+    assert status == 0
+    assert stderr == THREADS_NOTE + "\n"
+    reports = job.reports()
+    assert [reports[r]["env"]["OMP_NUM_THREADS"] for r in range(3)] == ["1"] * 3
+
+
+@pytest.mark.parametrize(("nprocs", "value"), [(3, "4"), (3, ""), (1, None)])
+def test_omp_num_threads_is_left_alone(job: Job, nprocs: int, value: str | None) -> None:
+    """A value the user set is kept; one rank cannot oversubscribe the machine, so it gets
+    no value either (as with torchrun). An empty value counts as unset."""
+    status, stderr, _ = job.run(job.argv(nprocs, {}), omp_threads=value)
+    assert status == 0
+    expected = "1" if value == "" else value
+    assert stderr == ("" if expected == value else THREADS_NOTE + "\n")
+    reports = job.reports()
+    assert [reports[r]["env"]["OMP_NUM_THREADS"] for r in range(nprocs)] == [expected] * nprocs
+
+
+def test_ranks_get_a_private_run_directory_that_is_removed(job: Job) -> None:
+    status, _, _ = job.run(job.argv(2, {}))
+    assert status == 0
+    dirs = {report["env"]["TRIORING_RUN_DIR"] for report in job.reports().values()}
+    assert len(dirs) == 1
+    (run_dir,) = dirs
+    assert run_dir
+    assert not os.path.exists(run_dir)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP])
 def test_signal_to_launcher_stops_everything(job: Job, signum: signal.Signals) -> None:
     launcher = job.start(job.argv(3, {"default": "block"}))
@@ -477,6 +576,7 @@ def test_tag_output_prefixes_whole_lines(tmp_path: Path) -> None:
     script.write_text(TAGGED_SCRIPT)
     result = subprocess.run(
         [sys.executable, "-m", "trioring", "run", "-n", "3", "--tag-output", str(script)],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},  # no note from the launcher on stderr
         capture_output=True,
         text=True,
         timeout=60,

@@ -1,6 +1,10 @@
 """trioring: Trio-native collective communication (allreduce, broadcast, barrier) for numpy
 arrays across processes, over TCP or Unix sockets."""
 
+# The public submodules too, so that `import trioring` is enough for
+# `trioring.testing.open_local_world` (as the reference shows it). Cheap: they only re-export
+# what the core imports anyway. (_launched: see the end of this file.)
+from . import _launched, testing as testing, transports as transports
 from ._communicator import (
     Communicator as Communicator,
     ReduceOp as ReduceOp,
@@ -12,6 +16,7 @@ from ._errors import (
     CommunicatorBrokenError as CommunicatorBrokenError,
     CommunicatorBusyError as CommunicatorBusyError,
     CommunicatorClosedError as CommunicatorClosedError,
+    ConcurrentOpenError as ConcurrentOpenError,
     ConfigurationError as ConfigurationError,
     InvalidArgumentError as InvalidArgumentError,
     PeerAbortedError as PeerAbortedError,
@@ -34,3 +39,6 @@ for _name, _obj in list(globals().items()):
     if getattr(_obj, "__module__", "").startswith("trioring._"):
         _obj.__module__ = __name__
 del _name, _obj
+
+# Under `trioring run` only: errors that merely echo another rank's failure print one line.
+_launched.install()

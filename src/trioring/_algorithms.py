@@ -51,6 +51,11 @@ class World:
     shm: SharedSlots | None = None
     #: The views of recent shared-memory allreduces, per (parity, dtype, count).
     shm_plans: dict[tuple[int, np.dtype, int], _ReducePlan] = attrs.field(factory=dict)
+    #: The collective whose wait on the segment is in a checkpoint, and the sequence words
+    #: of the peers that had not published it then; left as they are when a cancellation
+    #: ends the wait there, to name those peers (see :func:`awaited_ranks`).
+    shm_waiting: OpSpec | None = None
+    shm_late: list[int] = attrs.field(factory=list)
     _scratch_view: tuple[np.dtype, int, np.ndarray, memoryview] | None = None
     #: One element of any dtype, for one-element reductions (see recursive doubling).
     _spare: np.ndarray[tuple[int], np.dtype[np.uint8]] = attrs.field(
@@ -76,6 +81,51 @@ class World:
             array = self._spare[: dtype.itemsize].view(dtype)
             cached = self._spare_view = (dtype, array, array.view(np.uint8).data)
         return cached[1], cached[2]
+
+
+def awaited_ranks(world: World, spec: OpSpec) -> list[int]:
+    """The peers that ``spec`` was waiting for when a cancellation ended its wait, in
+    ascending order: those whose frame it was receiving, those whose connection would not
+    take the rest of its send, and, on the shared segment, those that had not published the
+    call yet. Read from what the waits left behind (see ``Link.receive_waiting``), so it
+    costs nothing until a collective is cancelled."""
+    ranks = {
+        link.peer
+        for link in world.links.values()
+        if link.receive_waiting is spec or link.send_waiting is spec
+    }
+    slots = world.shm
+    if slots is not None and world.shm_waiting is spec:
+        late = set(world.shm_late)
+        ranks.update(
+            peer for peer, word in zip(slots.peers, slots.peer_words, strict=True) if word in late
+        )
+    return sorted(ranks)
+
+
+def interrupted_wait(world: World, spec: OpSpec) -> str:
+    """What the cancelled ``spec`` had been doing, as the end of a sentence: `` after 5.0 s
+    while waiting for rank 2``. The time counts from the call's first wait; either part is
+    left out where nothing was waited for."""
+    if not world.links:
+        return ""
+    elapsed = next(iter(world.links.values())).waits.elapsed(spec.seq)
+    text = "" if elapsed is None else f" after {_duration(elapsed)}"
+    ranks = awaited_ranks(world, spec)
+    if len(ranks) == 1:
+        text += f" while waiting for rank {ranks[0]}"
+    elif 1 < len(ranks) <= 3:
+        text += f" while waiting for ranks {', '.join(map(str, ranks[:-1]))} and {ranks[-1]}"
+    elif ranks:
+        # A long list would drown the message; the lowest rank is where to look first.
+        text += f" while waiting for rank {ranks[0]} and {len(ranks) - 1} others"
+    return text
+
+
+def _duration(seconds: float) -> str:
+    # Tenths of seconds, as the rendezvous reports its waits; milliseconds for short scopes,
+    # where "0.0 s" would say nothing.
+    return f"{seconds:.1f} s" if seconds >= 0.1 else f"{seconds * 1000:.1f} ms"
 
 
 def _chunks(lo: int, hi: int, chunk: int) -> Iterator[tuple[int, int]]:
@@ -604,21 +654,35 @@ async def _shm_poll(world: World, spec: OpSpec, late: list[int]) -> None:
         if now >= slice_end or (tries % 4 == 0 and statistics().tasks_runnable):
             await _shm_check_links(world, spec, late)
             waits.count += 1
+            # Who is late is noted only before a checkpoint, the one place a cancellation
+            # can reach this wait: a wait that ends in the first looks pays nothing for it.
+            _shm_waiting(world, spec, late)
             await trio.lowlevel.checkpoint()
+            world.shm_waiting = None
             _shm_check_open(world, spec)
             slice_end = time.perf_counter() + SPIN_SLICE_SECONDS
     while True:
         await _shm_check_links(world, spec, late)
         waits.count += 1
+        _shm_waiting(world, spec, late)
         try:
             with trio.move_on_after(_SHM_PARK_SECONDS):
                 await trio.lowlevel.wait_readable(slots.events.fileno())
         except trio.ClosedResourceError:
             pass  # closed by another task: reported just below
+        world.shm_waiting = None
         _shm_check_open(world, spec)
         late = [word for word in late if seqs[word] < seq]
         if not late:
             return
+
+
+def _shm_waiting(world: World, spec: OpSpec, late: list[int]) -> None:
+    """Note, for :func:`awaited_ranks`, that ``spec`` waits on the segment for the peers
+    whose sequence words are ``late``."""
+    next(iter(world.links.values())).waits.begin(spec.seq)
+    world.shm_waiting = spec
+    world.shm_late = late
 
 
 def _shm_check_open(world: World, spec: OpSpec) -> None:

@@ -61,7 +61,17 @@ class Role(enum.IntEnum):
 
 
 class HandshakeError(Exception):
-    """The peer is not a rank of this job (wrong secret, job, world, rank or protocol)."""
+    """The peer is not a rank of this job (wrong secret, job, world, rank or protocol).
+
+    Attributes:
+        failed_proof: the peer spoke this job's handshake but failed to authenticate (or
+            rejected our proof): most likely a rank with a different ``TRIORING_SECRET``,
+            which a listener logs where users look, unlike the strangers an open port gets.
+    """
+
+    def __init__(self, message: str, *, failed_proof: bool = False) -> None:
+        super().__init__(message)
+        self.failed_proof = failed_proof
 
 
 @final
@@ -104,12 +114,20 @@ def _mac(
     return hmac.new(credentials.secret, transcript, hashlib.sha256).digest()
 
 
-async def _read_exactly(connection: Connection, size: int) -> bytearray:
+async def _read_exactly(connection: Connection, size: int, *, claim: str = "") -> bytearray:
+    """``size`` bytes; ``claim`` (server side, reading the proof) says who the client claims
+    to be: a genuine client closes at that point when our MAC did not match its secret."""
     try:
         return await recv_exactly(connection, size)
     except trio.BrokenResourceError as exc:
         raise HandshakeError(f"connection broke during the handshake: {exc}") from exc
     except EOFError:
+        if claim:
+            raise HandshakeError(
+                f"the peer closed the connection during the handshake, after our challenge: "
+                f"it rejected our proof ({claim}; different TRIORING_SECRET?)",
+                failed_proof=True,
+            ) from None
         raise HandshakeError(
             "the peer closed the connection during the handshake (it rejected us: "
             "different TRIORING_SECRET, TRIORING_JOB_ID or world?)"
@@ -194,10 +212,15 @@ async def accept(
         credentials, b"server", role, client, server, world_size, client_nonce, server_nonce
     )
     await _send(connection, _CHALLENGE.pack(b"TRAC", VERSION, server_nonce, server_mac))
-    proof = await _read_exactly(connection, _PROOF_SIZE)
+    claim = f"it claims to be rank {client} of a world of {world_size}"
+    proof = await _read_exactly(connection, _PROOF_SIZE, claim=claim)
     expected = _mac(
         credentials, b"client", role, client, server, world_size, client_nonce, server_nonce
     )
     if not hmac.compare_digest(proof, expected):
-        raise HandshakeError("the client failed to prove it knows the job's secret")
+        raise HandshakeError(
+            f"the client failed to prove it knows the job's secret ({claim}; different "
+            "TRIORING_SECRET?)",
+            failed_proof=True,
+        )
     return Peer(client, world_size)

@@ -57,9 +57,11 @@ def _build_parser() -> argparse.ArgumentParser:
         description=(
             "Start N copies of a Python script (or module, with -m) with RANK, WORLD_SIZE, "
             "LOCAL_RANK, LOCAL_WORLD_SIZE and the rendezvous variables of the chosen transport "
-            "set. If a rank fails, or the launcher gets SIGINT/SIGTERM/SIGHUP, the other ranks get "
-            "SIGTERM, then SIGKILL after the grace period. Exits with the first failing rank's "
-            "status (128+N for signal N), or 0 when every rank succeeds."
+            "set, and OMP_NUM_THREADS=1 when N > 1 and it is unset. If a rank fails, or the "
+            "launcher gets SIGINT/SIGTERM/SIGHUP, the other ranks get SIGTERM, then SIGKILL "
+            "after the grace period. Errors that only report another rank's failure print one "
+            "line instead of a traceback. Exits with the first failing rank's status (128+N "
+            "for signal N), or 0 when every rank succeeds."
         ),
     )
     run_parser.add_argument(

@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import array
 import enum
+import logging
 import os
 import socket
 import struct
+import sys
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, final
 
@@ -22,6 +24,8 @@ from ._errors import (
     CommunicatorBrokenError,
     CommunicatorBusyError,
     CommunicatorClosedError,
+    ConcurrentOpenError,
+    ConfigurationError,
     InvalidArgumentError,
     PeerAbortedError,
     PeerFailedError,
@@ -67,6 +71,7 @@ SMALL_ALLREDUCE_BYTES = 1024 * 1024
 CMA_MIN_BYTES = 512 * 1024
 #: How long a breaking communicator spends telling its peers why, before closing anyway.
 _ABORT_NOTICE_SECONDS = 0.25
+_logger = logging.getLogger("trioring")
 _PAGE = 4096
 
 
@@ -137,7 +142,13 @@ class Communicator(metaclass=NoPublicConstructor):
     :class:`~trioring.PeerFailedError`, or the relayed mismatch) instead of hanging, and
     that peer's communicator breaks in turn. No task is left running. Open a new communicator
     to continue. Errors raised *before* any I/O (bad arguments, busy, already cancelled on
-    entry) do not break it.
+    entry) do not break it. A cancelled collective says whom it was waiting for, since
+    deadlines that fire on every rank at once reach nobody as abort frames and
+    ``trio.fail_after`` raises a bare ``TooSlowError``: a WARNING on the ``trioring`` logger
+    (``rank 0: allreduce #22 cancelled after 5.0 s while waiting for rank 2``), the same text
+    as a note on the ``Cancelled``, in the abort frame (the peers' ``PeerAbortedError`` reads
+    ``rank 0 cancelled allreduce #22 after 5.0 s while waiting for rank 2``) and in every
+    later call's ``CommunicatorBrokenError``.
     """
 
     def __init__(
@@ -239,8 +250,9 @@ class Communicator(metaclass=NoPublicConstructor):
         position, so the result may differ in the last bits from ``np.sum`` over ranks.)
 
         Args:
-            array: C-contiguous, writable numpy array of a supported dtype; same dtype and
-                element count on every rank.
+            array: C-contiguous, writable ``numpy.ndarray`` (or ``numpy.memmap``; other
+                subclasses, such as ``np.matrix`` and masked arrays, are refused) of a
+                supported dtype; same dtype and element count on every rank.
             op: ``"sum"`` (default), ``"mean"``, ``"min"``, ``"max"`` or ``"prod"``, or a
                 :class:`ReduceOp`; the same on every rank. ``"min"``/``"max"`` refuse complex
                 dtypes and ``"mean"`` refuses integer dtypes. A mean is a sum divided by
@@ -418,11 +430,22 @@ class Communicator(metaclass=NoPublicConstructor):
             ) from None
 
     def _check_array(self, array: object, kind: Kind) -> np.ndarray[Any, Any]:
-        if not isinstance(array, np.ndarray):
-            raise self._invalid(kind, f"expected a numpy.ndarray, got {type(array).__name__}")
+        # The algorithms work on the raw buffer through a flat view, so only types whose data
+        # *is* that buffer are accepted: an exact ndarray, or a memmap (an ndarray whose
+        # buffer is a mapped file). Any other subclass may mean more than its buffer (a
+        # masked array's mask) or reshape differently (np.matrix stays 2-D, so its element
+        # count would read as 1 and the algorithm would fail half-way, breaking the
+        # communicator): refused before any I/O, with what to pass instead.
+        if type(array) is not np.ndarray and type(array) is not np.memmap:
+            raise self._invalid(kind, _unsupported_array_type(array))
         dtype = array.dtype
         if dtype not in DTYPE_CODES:
-            if dtype.byteorder not in "=|" and dtype.newbyteorder("=") in DTYPE_CODES:
+            if dtype.names is not None:
+                detail = (
+                    f"structured dtype {dtype} is not supported; reduce or broadcast each "
+                    "field as an array of its own"
+                )
+            elif dtype.byteorder not in "=|" and dtype.newbyteorder("=") in DTYPE_CODES:
                 detail = f"dtype {dtype.str} is not in native byte order; convert with .astype({dtype.name!r})"
             else:
                 supported = ", ".join(dt.name for dt in DTYPE_CODES)
@@ -437,6 +460,10 @@ class Communicator(metaclass=NoPublicConstructor):
             raise self._invalid(kind, "array is read-only; collectives work in place")
         return array if array.ndim == 1 else array.reshape(-1)
 
+    #: (``"allreduce #22"``, ``" after 5.0 s while waiting for rank 2"``) once a collective
+    #: was cancelled (see _run).
+    _cancelled: tuple[str, str] | None = None
+
     def _check_usable(self, kind: Kind) -> None:
         if self._state is _State.OPEN and self._running is None:
             return  # the common case, in two comparisons
@@ -450,12 +477,16 @@ class Communicator(metaclass=NoPublicConstructor):
             )
         if self._state is _State.BROKEN:
             if self._broken_by is not None and is_cancellation(self._broken_by):
-                why = "was cancelled"
+                what, detail = self._cancelled or (f"collective #{self._seq}", "")
+                why = f"{what} was cancelled{detail}"
             else:
-                why = f"failed ({type(self._broken_by).__name__}: {self._broken_by})"
+                why = (
+                    f"collective #{self._seq} failed "
+                    f"({type(self._broken_by).__name__}: {self._broken_by})"
+                )
             raise CommunicatorBrokenError(
-                f"{self._where(kind)}: the communicator is broken since collective "
-                f"#{self._seq} {why}; open a new communicator",
+                f"{self._where(kind)}: the communicator is broken since {why}; open a new "
+                "communicator",
                 rank=self._rank,
                 job_id=self._job_id,
                 collective=kind.label,
@@ -508,6 +539,20 @@ class Communicator(metaclass=NoPublicConstructor):
             cause.add_note(f"first noticed on this rank as: {type(exc).__name__}: {exc}")
             raise cause from exc
         except BaseException as exc:
+            if is_cancellation(exc):
+                # When every rank's deadline fires at once nobody gets an abort frame, and
+                # trio.fail_after raises a TooSlowError of its own in place of this
+                # Cancelled: so say here, on the Cancelled, in the abort frame and in every
+                # later call's error, what was cancelled and whom it was waiting for. Only
+                # now is that worked out, from what the waits left behind.
+                what = f"{kind.label} #{spec.seq}"
+                detail = _algorithms.interrupted_wait(self._world, spec)
+                self._cancelled = (what, detail)
+                message = f"rank {self._rank}: {what} cancelled{detail}"
+                if self._job_id:
+                    message += f" [job {self._job_id}]"
+                _logger.warning("%s", message)
+                exc.add_note(message)
             await self._break(exc, spec)
             raise
         finally:
@@ -540,7 +585,12 @@ class Communicator(metaclass=NoPublicConstructor):
         ``exc``."""
         me = self._rank
         if is_cancellation(exc):
-            return AbortKind.CANCELLED, me, "cancelled", me
+            if self._cancelled is None:
+                return AbortKind.CANCELLED, me, "cancelled", me
+            # "cancelled allreduce #22 after 5.0 s while waiting for rank 2": peers make
+            # their message of it (see _framing.abort_error).
+            what, detail = self._cancelled
+            return AbortKind.CANCELLED, me, f"cancelled {what}{detail}", me
         relayed = getattr(exc, "_trioring_abort", None)
         if relayed is not None:
             kind, subject, reason, reporter = relayed
@@ -596,9 +646,37 @@ async def _create_communicator(
         make_rendezvous = UnixTransport
     else:
         make_rendezvous = TcpTransport
-    transport, links = await connect_world(config, make_transport, make_rendezvous)
-    for link in links.values():
-        link.spin_seconds = config.spin_seconds
+    peer_pids: dict[int, int] | None = None
+    shm: _shm.SharedSlots | None = None
+
+    async def agree(links: dict[int, Link]) -> None:
+        # Runs inside connect_world's set-up, so that a rank failing here (or dying) aborts
+        # every rank's open_communicator, not only its neighbours'.
+        nonlocal peer_pids, shm
+        for link in links.values():
+            link.spin_seconds = config.spin_seconds
+        if config.transport != "unix" or config.world_size == 1:
+            return
+        try:
+            peer_pids = await _agree_on_cma(config, links)
+            shm = await _agree_on_shm(config, links)
+        except CollectiveError as exc:
+            raise RendezvousError(
+                f"rank {config.rank}: rendezvous failed while agreeing on capabilities: "
+                f"{exc._bare_message}",
+                rank=config.rank,
+                peer=exc.peer,
+                collective="rendezvous",
+                job_id=config.credentials.job_id or None,
+            ) from exc
+
+    try:
+        transport, links = await connect_world(config, make_transport, make_rendezvous, agree)
+    except BaseException:
+        # connect_world closed the links and the transport; the segment is ours.
+        if shm is not None:
+            shm.close()
+        raise
     comm = Communicator._create(
         rank=config.rank,
         world_size=config.world_size,
@@ -607,23 +685,8 @@ async def _create_communicator(
         chunk_bytes=chunk_bytes,
         job_id=config.credentials.job_id,
     )
-    if config.transport == "unix" and config.world_size > 1:
-        try:
-            comm._world.peer_pids = await _agree_on_cma(config, links)
-            comm._world.shm = await _agree_on_shm(config, links)
-        except BaseException as exc:
-            with trio.CancelScope(shield=True):
-                await comm._close_connections()
-            if isinstance(exc, CollectiveError):
-                raise RendezvousError(
-                    f"rank {config.rank}: rendezvous failed while agreeing on capabilities: "
-                    f"{exc._bare_message}",
-                    rank=config.rank,
-                    peer=exc.peer,
-                    collective="rendezvous",
-                    job_id=config.credentials.job_id or None,
-                ) from exc
-            raise
+    comm._world.peer_pids = peer_pids
+    comm._world.shm = shm
     # Only now: a long wait watches the other links by reading their frames ahead, and the
     # set-up above reads the segment's frame straight off the socket (its descriptor travels
     # beside the bytes), which must not have been read ahead. With 64 ranks on 2 cores the
@@ -681,6 +744,94 @@ async def _agree_on_cma(config: _config.Config, links: dict[int, Link]) -> dict[
     return pids if agreed else None
 
 
+def _unsupported_array_type(array: object) -> str:
+    """Why ``array``, which is not an exact ndarray or memmap, is refused, and what to pass."""
+    name = f"{type(array).__module__}.{type(array).__qualname__}"
+    if isinstance(array, np.ma.MaskedArray):
+        return (
+            f"{name} is not supported: its mask would be ignored. Reduce the data and the mask "
+            "as two plain arrays, e.g. data = a.filled(0) (a new array; fill with a value that "
+            "is neutral for the op) and mask = np.ma.getmaskarray(a).astype(np.uint8) with "
+            "op='max'"
+        )
+    if isinstance(array, np.matrix):
+        return (
+            f"{name} is not supported: it stays 2-D when flattened. Pass np.asarray(m), a view "
+            "of the same memory, so the result still lands in m"
+        )
+    if isinstance(array, np.ndarray):
+        return (
+            f"{name} is not supported: collectives work on the raw buffer, which only "
+            "numpy.ndarray and numpy.memmap are exactly. If the data is all that matters, "
+            "pass np.asarray(a), a view of the same memory"
+        )
+    return f"expected a numpy.ndarray, got {type(array).__name__}"
+
+
+def _require_trio(what: str) -> None:
+    """Raise ConfigurationError unless running inside ``trio.run``: called from asyncio (or no
+    event loop at all), Trio's own calls would fail later with internal RuntimeErrors.
+
+    Only the entry points check (open_communicator, open_local_world): a Communicator can only
+    be made inside Trio, so its methods need not pay for the check on every collective."""
+    try:
+        trio.lowlevel.current_task()
+    except RuntimeError:
+        pass
+    else:
+        return
+    # Without importing asyncio ourselves (and sniffio is not a dependency): a running
+    # asyncio loop can only exist if the program imported asyncio.
+    asyncio = sys.modules.get("asyncio")
+    if asyncio is not None and asyncio._get_running_loop() is not None:
+        where = (
+            "from asyncio. Run the program with trio.run(main) instead (from asyncio code, "
+            "trio.run can run in a thread: await asyncio.to_thread(trio.run, main))"
+        )
+    else:
+        where = "outside trio.run. Run the program with trio.run(main)"
+    raise ConfigurationError(f"trioring needs Trio (trio.run); {what} was called {where}")
+
+
+def _concurrent_open(config: _config.Config) -> ConcurrentOpenError:
+    if config.world_size == 1:
+        world = "a world of one rank"
+    elif config.rendezvous_over_socket_dir:
+        world = f"{config.transport}, socket directory {config.socket_dir}"
+    else:
+        world = f"{config.transport}, rendezvous at {config.master_addr}:{config.master_port}"
+    job_id = config.credentials.job_id or None
+    return ConcurrentOpenError(
+        f"rank {config.rank}: another open_communicator() call of this process is still "
+        f"opening rank {config.rank} of the same world ({world}); opening communicators "
+        "concurrently is not supported. Run the collectives one after another on one "
+        "communicator, or open the second communicator after the first one is open",
+        rank=config.rank,
+        collective="rendezvous",
+        job_id=job_id,
+    )
+
+
+_OpeningKey = tuple[int, str, str | None, int | None, str | None, str]
+#: Who is connecting, and to which world (rank, transport, master address and port, socket
+#: directory, job id), for every open_communicator() call of this process that has not
+#: finished opening. Two at once for the same rank of one world would both try to be that
+#: rank at one rendezvous (rank 0 fails to bind, the others wait forever), so the second one
+#: fails at once, on every rank alike (see ConcurrentOpenError).
+_OPENING: set[_OpeningKey] = set()
+
+
+def _opening_key(config: _config.Config) -> _OpeningKey:
+    return (
+        config.rank,
+        config.transport,
+        config.master_addr,
+        config.master_port,
+        config.socket_dir,
+        config.credentials.job_id,
+    )
+
+
 @asynccontextmanager
 async def open_communicator(
     *,
@@ -708,11 +859,20 @@ async def open_communicator(
     does. There is no internal timeout: wrap the call in ``trio.fail_after`` to bound how long
     to wait for missing ranks. Cancellation while connecting closes everything opened so far.
 
+    One process opens one communicator per world at a time: a call made while another call
+    of this process is still opening the same rank of the same world raises
+    :class:`~trioring.ConcurrentOpenError` at once (on every rank, since every rank makes the
+    same calls). Opening another communicator with the same settings after this one is open
+    works; so do collectives on several open communicators at once.
+
     Raises:
-        ConfigurationError, TransportUnavailable: before any I/O.
+        ConfigurationError, TransportUnavailable: before any I/O; ``ConfigurationError`` also
+            when called outside ``trio.run`` (from asyncio, say).
+        ConcurrentOpenError: before any I/O, see above.
         RendezvousError: the world is inconsistent (different ``WORLD_SIZE``, duplicate
             ``RANK``, different transports) or a peer cannot be reached.
     """
+    _require_trio("open_communicator()")
     config = _config.resolve(
         rank=rank,
         world_size=world_size,
@@ -721,7 +881,14 @@ async def open_communicator(
         transport=transport,
     )
     transport_cls = _registry.get_transport(config.transport, source=config.transport_source)
-    comm = await _create_communicator(config, transport_cls)
+    key = _opening_key(config)
+    if key in _OPENING:
+        raise _concurrent_open(config)
+    _OPENING.add(key)
+    try:
+        comm = await _create_communicator(config, transport_cls)
+    finally:
+        _OPENING.discard(key)
     try:
         yield comm
     finally:

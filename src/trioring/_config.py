@@ -13,6 +13,7 @@ import attrs
 from ._auth import Credentials
 from ._errors import ConfigurationError
 from ._launchers import detect
+from .transports._abc import DEFAULT_PEER_TIMEOUT
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -21,6 +22,10 @@ DEFAULT_TRANSPORT = "tcp"
 #: How long a receive polls (yielding the CPU between tries) before parking, by default.
 DEFAULT_SPIN_US = 50
 _MAX_SPIN_US = 10_000
+# TRIORING_PEER_TIMEOUT is whole seconds, as the kernel's keepalive times are; below 2 s the
+# probes cannot be spread (transports/_liveness.py), above a day it is as good as off.
+_MIN_PEER_TIMEOUT = 2
+_MAX_PEER_TIMEOUT = 86_400
 
 
 @final
@@ -48,6 +53,9 @@ class Config:
     cma: bool = True
     #: Whether this rank offers a shared segment for small collectives (TRIORING_SHM).
     shm: bool = True
+    #: Seconds without an answer from a peer's host before its TCP connection fails
+    #: (TRIORING_PEER_TIMEOUT); None when turned off.
+    peer_timeout: float | None = DEFAULT_PEER_TIMEOUT
 
     @property
     def rendezvous_over_socket_dir(self) -> bool:
@@ -245,6 +253,7 @@ def resolve(
         spin_seconds=spin_seconds(env),
         cma=_flag(env, "TRIORING_CMA", default=True),
         shm=_flag(env, "TRIORING_SHM", default=True),
+        peer_timeout=peer_timeout(env),
     )
 
 
@@ -260,6 +269,24 @@ def spin_seconds(env: Mapping[str, str]) -> float:
             f"to {_MAX_SPIN_US}"
         )
     return int(raw) / 1e6
+
+
+def peer_timeout(env: Mapping[str, str]) -> float | None:
+    """TRIORING_PEER_TIMEOUT as seconds (DEFAULT_PEER_TIMEOUT when unset); None for 0, off."""
+    raw = env.get("TRIORING_PEER_TIMEOUT", "").strip()
+    if not raw:
+        return DEFAULT_PEER_TIMEOUT
+    if (
+        raw.isascii()
+        and raw.isdigit()
+        and (int(raw) == 0 or _MIN_PEER_TIMEOUT <= int(raw) <= _MAX_PEER_TIMEOUT)
+    ):
+        return float(raw) if int(raw) else None
+    raise ConfigurationError(
+        f"TRIORING_PEER_TIMEOUT={raw!r}: expected whole seconds from {_MIN_PEER_TIMEOUT} to "
+        f"{_MAX_PEER_TIMEOUT} (after how long a peer whose host no longer answers counts as "
+        "failed), or 0 to leave it to the operating system"
+    )
 
 
 def _flag(env: Mapping[str, str], name: str, *, default: bool) -> bool:

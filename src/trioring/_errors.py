@@ -3,18 +3,19 @@
 Every exception trioring raises on purpose derives from :class:`TrioringError`::
 
     TrioringError
-    ├── ConfigurationError (also ValueError)     bad argument or environment, raised before any I/O
-    ├── InvalidArgumentError (also ValueError)   bad array/op/root for a collective, before any I/O
-    ├── TransportUnavailable                      the transport exists but cannot run here
-    ├── RendezvousError                           the world could not be assembled
-    ├── CommunicatorClosedError                   this rank closed the communicator earlier
-    ├── CommunicatorBusyError                     two tasks used one communicator at once
-    └── CollectiveError                           a collective failed; the communicator is broken
-        ├── PeerFailedError                       a peer's connection died (EOF, reset, broken pipe)
-        ├── PeerAbortedError                      a peer gave up and said why (e.g. "cancelled")
-        ├── CollectiveMismatchError               ranks called different collectives
-        ├── ProtocolError                         malformed or unexpected bytes on the wire
-        └── CommunicatorBrokenError               an earlier collective failed on this rank
+    ├── ConfigurationError (a ValueError)    bad argument or environment; no I/O
+    ├── InvalidArgumentError (a ValueError)  bad array, op or root; no I/O
+    ├── TransportUnavailable                 the transport cannot run here
+    ├── RendezvousError                      the world could not be assembled
+    ├── CommunicatorClosedError              this rank closed the communicator
+    ├── CommunicatorBusyError                two tasks used one communicator at once
+    ├── ConcurrentOpenError                  two tasks opened one rank at once
+    └── CollectiveError                      a collective failed; it is broken
+        ├── PeerFailedError                  a peer died or became unreachable
+        ├── PeerAbortedError                 a peer gave up and said why
+        ├── CollectiveMismatchError          ranks called different collectives
+        ├── ProtocolError                    malformed or unexpected bytes
+        └── CommunicatorBrokenError          an earlier collective failed here
 
 Every exception carries the context it happened in as attributes (``rank``, ``peer``,
 ``collective``, ``seq``; ``None`` where not applicable) and names the same facts in its message,
@@ -31,6 +32,7 @@ __all__ = [
     "CommunicatorBrokenError",
     "CommunicatorBusyError",
     "CommunicatorClosedError",
+    "ConcurrentOpenError",
     "ConfigurationError",
     "InvalidArgumentError",
     "PeerAbortedError",
@@ -77,7 +79,11 @@ class TrioringError(Exception):
 @final
 class ConfigurationError(TrioringError, ValueError):
     """An argument or environment variable of :func:`trioring.open_communicator` is missing or
-    invalid. Raised before any I/O; the message names the variable or argument."""
+    invalid. Raised before any I/O; the message names the variable or argument.
+
+    Also raised when :func:`trioring.open_communicator` or
+    :func:`trioring.testing.open_local_world` is called outside ``trio.run`` (from asyncio,
+    say): trioring runs only under Trio."""
 
 
 @final
@@ -127,6 +133,20 @@ class CommunicatorBusyError(TrioringError):
     Collectives on one communicator must be called one at a time and in the same order on
     every rank; run concurrent work on separate communicators. Raised before any I/O; the
     running collective is not disturbed.
+    """
+
+
+@final
+class ConcurrentOpenError(TrioringError):
+    """:func:`trioring.open_communicator` was called while another call of this process was
+    still opening the same rank of the same world (same transport, rendezvous address or
+    socket directory, and job id), for example to run collectives on two communicators at
+    once.
+
+    Raised at once, before any I/O, by the second call; since every rank makes the same calls,
+    every rank raises it. The first call is not disturbed. Run the collectives one after
+    another on one communicator instead, or open the second communicator once the first is
+    open: with the same settings, that works (and collectives on both may then run at once).
     """
 
 

@@ -35,7 +35,7 @@ from ._errors import (
     ProtocolError,
     TrioringError,
 )
-from .transports._socket import SocketConnection, advance
+from .transports._socket import UNREACHABLE_ERRNOS, SocketConnection, advance
 
 if TYPE_CHECKING:
     from .transports import Connection
@@ -173,9 +173,29 @@ def _describe_remote(kind: int, seq: int, dtype: int, count: int, op: int, root:
 @attrs.define(eq=False)
 class WaitCount:
     """How many times some links waited in the event loop: a collective that never did
-    must still pass a schedule point before it returns."""
+    must still pass a schedule point before it returns. Also when the running collective
+    first waited, which is what a cancelled one reports as its age (see
+    Communicator._run)."""
 
     count: int = 0
+    #: The sequence number of the last collective that waited, and ``trio.current_time()``
+    #: at its first wait. Set by waits that reach a checkpoint only, so that a call whose
+    #: data is there (at once or after a few looks) pays nothing; a call that does wait
+    #: starts waiting soon after it begins, since until then it only handles data that is
+    #: there.
+    seq: int = -1
+    since: float = 0.0
+
+    def begin(self, seq: int) -> None:
+        """Note that collective ``seq`` waits (the first time it does, when)."""
+        if self.seq != seq:
+            self.seq = seq
+            self.since = trio.current_time()
+
+    def elapsed(self, seq: int) -> float | None:
+        """How long collective ``seq`` has run since its first wait; None if it never
+        waited."""
+        return trio.current_time() - self.since if self.seq == seq else None
 
 
 @final
@@ -195,6 +215,12 @@ class Link:
         self.connection = connection
         self.send_clean = True
         self.receiving = False
+        #: The collective whose receive from, or send to, the peer waits in a checkpoint
+        #: (parked, between looks of a poll, or blocked in the transport); None otherwise.
+        #: A cancellation leaves it set: that is how the communicator names the ranks it
+        #: was waiting for.
+        self.receive_waiting: OpSpec | None = None
+        self.send_waiting: OpSpec | None = None
         #: Bounded poll before a receive parks (see _recv_some); set from the config.
         self.spin_seconds = 0.0
         #: Counts the times this link waited in the event loop (each wait is a checkpoint);
@@ -282,6 +308,24 @@ class Link:
     def _failed(self, spec: OpSpec, detail: str) -> PeerFailedError:
         return self.peer_failed(spec, f"connection to peer rank {self.peer} {detail}")
 
+    def _broken(self, spec: OpSpec, doing: str, exc: trio.BrokenResourceError) -> PeerFailedError:
+        """The error for the connection broken while ``doing``. A timeout (the kernel's, or
+        the transport's TRIORING_PEER_TIMEOUT) means the peer's host went silent, not that
+        the peer closed: say so, or a reader looks for a crash that never happened."""
+        cause = exc.__cause__
+        if not isinstance(cause, OSError) or cause.errno not in UNREACHABLE_ERRNOS:
+            return self._failed(spec, f"broke while {doing}: {exc}")
+        timeout = self._fast.peer_timeout if self._fast is not None else None
+        silence = f" ({cause.strerror})"
+        if timeout is not None:
+            silence = f" for {timeout:g} s (TRIORING_PEER_TIMEOUT; {cause.strerror})"
+        return self.peer_failed(
+            spec,
+            f"peer rank {self.peer} became unreachable while {doing}: no answer from rank "
+            f"{self.peer}'s host{silence}; it crashed or lost its network, or the network "
+            "drops its packets",
+        )
+
     def peer_failed(self, spec: OpSpec, what: str) -> PeerFailedError:
         return PeerFailedError(
             f"{self._context(spec)}: {what}",
@@ -330,21 +374,24 @@ class Link:
         # nothing was sent: then the abort frame can still go out on it.
         await trio.lowlevel.checkpoint_if_cancelled()
         self.send_clean = False
+        self.waits.begin(spec.seq)
+        self.send_waiting = spec
         fast = self._fast
         try:
             if fast is None:
                 self.waits.count += 1
                 await self.connection.send_all(*views)
             else:
-                while views:
-                    self.waits.count += 1
-                    await fast.wait_writable()
-                    views = advance(views, fast.send_nowait(views))
+                self.waits.count += 1
+                # One loop in the transport, so that one deadline watches the peer's host for
+                # the whole frame (see SocketConnection.send_rest).
+                await fast.send_rest(views)
         except trio.BrokenResourceError as exc:
             await self._raise_pending_abort(spec)
-            raise self._failed(spec, f"broke while sending: {exc}") from exc
+            raise self._broken(spec, "sending", exc) from exc
         except trio.ClosedResourceError as exc:
             raise self.closed_error(spec) from exc
+        self.send_waiting = None
         self.send_clean = True
 
     async def send(self, spec: OpSpec, offset: int, payload: memoryview) -> None:
@@ -438,8 +485,15 @@ class Link:
         try:
             if fast is None:
                 self.waits.count += 1
-                return await self.connection.recv_into(view)
+                self.waits.begin(spec.seq)
+                self.receive_waiting = spec
+                received = await self.connection.recv_into(view)
+                self.receive_waiting = None
+                return received
             got = fast.recv_nowait(view)
+            # What this receive waits for is noted only right before a checkpoint, the one
+            # place a cancellation can reach it, and cleared right after: a receive whose
+            # bytes come during the poll's first looks (most of them) pays nothing for it.
             if got is None and self.spin_seconds:
                 start = time.perf_counter()
                 deadline = start + self.spin_seconds
@@ -457,7 +511,10 @@ class Link:
                         # Other tasks of this program have work: let them run instead of
                         # holding the thread (a checkpoint; no bytes are half-read here).
                         self.waits.count += 1
+                        self.waits.begin(spec.seq)
+                        self.receive_waiting = spec
                         await trio.lowlevel.checkpoint()
+                        self.receive_waiting = None
                         slice_end = time.perf_counter() + SPIN_SLICE_SECONDS
                     else:
                         os.sched_yield()
@@ -466,11 +523,14 @@ class Link:
                 # Straight to the event loop: one pass through the scheduler per wake-up,
                 # where the socket's own recv_into would add a second one.
                 self.waits.count += 1
+                self.waits.begin(spec.seq)
+                self.receive_waiting = spec
                 await self._park(spec, fast)
+                self.receive_waiting = None
                 got = fast.recv_nowait(view)
             return got
         except trio.BrokenResourceError as exc:
-            raise self._failed(spec, f"broke while receiving {what}: {exc}") from exc
+            raise self._broken(spec, f"receiving {what}", exc) from exc
         except trio.ClosedResourceError as exc:
             raise self.closed_error(spec) from exc
 
@@ -484,9 +544,11 @@ class Link:
         with trio.move_on_after(_WATCH_AFTER_SECONDS):
             await fast.wait_readable()
             return
+        # From here on the wait has lasted: it also watches the peer's host (a deadline per
+        # second or so, too dear for every short wait above).
         idle = [link for link in self.watch if link is not self and link.watchable]
         if not idle:
-            await fast.wait_readable()
+            await fast.wait_readable(check_peer=True)
             return
         # Claimed now, not when the watcher task first runs: another task whose wait times
         # out in the same scheduler batch must not pick the same links.
@@ -497,8 +559,8 @@ class Link:
 
             async def wait_own() -> None:
                 try:
-                    await fast.wait_readable()
-                except trio.ClosedResourceError as exc:
+                    await fast.wait_readable(check_peer=True)
+                except (trio.ClosedResourceError, trio.BrokenResourceError) as exc:
                     outcome.append(exc)
                 nursery.cancel_scope.cancel()
 
@@ -724,11 +786,19 @@ def abort_error(
             job_id=job_id,
         )
     else:
-        verb = "cancelled" if kind == AbortKind.CANCELLED else "aborted"
         via = "" if subject == sender else f" (relayed by rank {sender})"
+        if kind == AbortKind.CANCELLED and reason.startswith("cancelled "):
+            # The canceller says what it cancelled, after how long and while waiting for
+            # whom (see Communicator._run): "cancelled allreduce #22 after 5.0 s while
+            # waiting for rank 2". ``reason`` stays "cancelled", as for any cancellation.
+            message, short = f"{where}: rank {subject} {reason}{via}", "cancelled"
+        else:
+            verb = "cancelled" if kind == AbortKind.CANCELLED else "aborted"
+            message = f"{where}: rank {subject} {verb} collective #{seq}{via}: {reason}"
+            short = reason
         error = PeerAbortedError(
-            f"{where}: rank {subject} {verb} collective #{seq}{via}: {reason}",
-            reason=reason,
+            message,
+            reason=short,
             rank=rank,
             peer=subject,
             collective=label,

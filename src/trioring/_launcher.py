@@ -3,17 +3,25 @@
 Contract of :func:`launch`:
 
 * Every rank is ``spec.command`` run with the launcher's environment plus ``RANK``,
-  ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE`` and the rendezvous variables of
-  ``spec.transport`` (see :func:`rendezvous_environment`). Ranks inherit stdin. Their stdout
+  ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, the rendezvous variables of
+  ``spec.transport`` (see :func:`rendezvous_environment`) and ``TRIORING_RUN_DIR``, and with
+  ``OMP_NUM_THREADS=1`` when there are several ranks and it is unset (see
+  :func:`limit_threads`; one line on stderr says so). Ranks inherit stdin. Their stdout
   and stderr are inherited unchanged, unless output is tagged (``spec.tag_output``; by
   default when there are several ranks and stdout is a terminal): then every line is
   forwarded whole, prefixed with ``[rank] ``, to the launcher's stdout or stderr.
 * If every rank exits with status 0, :func:`launch` returns 0.
-* The first rank to exit non-zero or by a signal is *the first failure*. Every rank still
-  running then gets ``SIGTERM``; whichever are still running ``spec.grace`` seconds later get
-  ``SIGKILL``. :func:`launch` returns the first failure's exit status (``128 + signal number``
-  for a signal, as a shell reports it), and one line on stderr names it and the ranks that had
-  to be terminated. Ranks that exit after being told to stop are not failures.
+* The first rank to exit non-zero or by a signal is *the first failure*, with one exception:
+  a rank whose uncaught error only echoes other ranks' failure (a ``PeerFailedError`` naming
+  rank 2, say; the rank leaves a note in ``TRIORING_RUN_DIR``, see ``_launched``) is not the
+  first failure while a rank it blames is running. It becomes the first failure if the
+  ranks it blames all exit without failing on their own, or are still running ``spec.grace``
+  seconds after it exited. Once there is a first failure, every rank still running gets
+  ``SIGTERM``; whichever are still running ``spec.grace`` seconds later get ``SIGKILL``.
+  :func:`launch` returns the first failure's exit status (``128 + signal number`` for a
+  signal, as a shell reports it), and one line on stderr names it, the ranks whose errors
+  echoed a failure, and the ranks that had to be terminated. Ranks that exit after being told
+  to stop are not failures.
 * ``SIGINT``, ``SIGTERM`` or ``SIGHUP`` delivered to the launcher stops the ranks the same
   way and :func:`launch` returns ``128 + signal number``. A second signal during the grace
   period skips the rest of it and sends ``SIGKILL`` at once. A signal the launcher inherited
@@ -23,13 +31,14 @@ Contract of :func:`launch`:
   no process can cover is the launcher itself being killed with ``SIGKILL``; ranks share the
   launcher's process group, so a terminal's Ctrl-C or hangup still reaches them then.
   Processes that ranks start themselves are theirs to clean up.
-* The Unix socket directory is created before the first rank starts and removed before
-  :func:`launch` returns or raises, whatever happened.
+* The Unix socket directory and ``TRIORING_RUN_DIR`` are created before the first rank
+  starts and removed before :func:`launch` returns or raises, whatever happened.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
 import secrets
@@ -43,6 +52,8 @@ from typing import TYPE_CHECKING, Literal, TextIO, final
 
 import attrs
 import trio
+
+from ._launched import ECHO_SUFFIX, RUN_DIR_VARIABLE
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
@@ -73,7 +84,28 @@ _RENDEZVOUS_VARIABLES = (
     "TRIORING_SECRET_FILE",
     "TRIORING_JOB_ID",
     "TRIORING_LISTEN_FD",
+    RUN_DIR_VARIABLE,
 )
+
+#: What the launcher prints when it sets OMP_NUM_THREADS (once, on stderr), as torchrun does.
+THREADS_NOTE = (
+    "trioring run: setting OMP_NUM_THREADS=1 for every rank (it was not set), so that the "
+    "ranks' OpenMP and BLAS threads do not fight over the cores; set OMP_NUM_THREADS to "
+    "choose another value"
+)
+
+
+def limit_threads(env: dict[str, str], nprocs: int) -> bool:
+    """Set ``OMP_NUM_THREADS=1`` in ``env`` when there are several ranks and it is unset (or
+    empty); return whether it was set. As torchrun does: N ranks that each start one BLAS or
+    OpenMP thread per core oversubscribe the machine N times (a 2-rank numpy training loop
+    ran 10x slower). OpenBLAS, MKL, BLIS and OpenMP itself all fall back to this variable;
+    their own variables (``OPENBLAS_NUM_THREADS``, ``MKL_NUM_THREADS``, ...) take precedence
+    for their library and are left alone, as is a value the user set."""
+    if nprocs < 2 or env.get("OMP_NUM_THREADS", "").strip():
+        return False
+    env["OMP_NUM_THREADS"] = "1"
+    return True
 
 
 def _positive(_instance: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -229,20 +261,53 @@ def rank_environment(
     return env
 
 
+def _read_echo(run_dir: str, pid: int) -> frozenset[int] | None:
+    """The ranks that the process ``pid`` said its failure only echoes (see ``_launched``), or
+    None if it said nothing (a failure of its own, as far as we can tell)."""
+    path = os.path.join(run_dir, f"{pid}{ECHO_SUFFIX}")
+    try:
+        with open(path, encoding="utf-8") as file:
+            report = json.load(file)
+        ranks = report["echoes"]
+        if not (isinstance(ranks, list) and ranks and all(type(r) is int for r in ranks)):
+            return None
+        return frozenset(ranks)
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def _rank_list(ranks: Iterable[int]) -> str:
+    ordered = sorted(ranks)
+    return ("rank " if len(ordered) == 1 else "ranks ") + ", ".join(map(str, ordered))
+
+
 @final
 @attrs.define(eq=False)
 class _Supervisor:
-    """Watches a started set of ranks and decides when and why they are stopped."""
+    """Watches a started set of ranks and decides when and why they are stopped.
+
+    A rank that fails with an error that only echoes other ranks' failure (it says so in
+    ``run_dir``, see ``_launched``) is not taken for the first failure while a rank it blames
+    is still running: peers of a crashed rank often exit before it does, and the crashed rank
+    must be named, and not be stopped half-way through printing its traceback. If the blamed
+    ranks have all exited without failing on their own, or are still running ``grace``
+    seconds later, the first echoing rank is the first failure after all.
+    """
 
     processes: list[trio.Process]
     grace: float
     stderr: TextIO
+    run_dir: str | None = None
     # Why the job is stopping, set once: (rank, returncode) of the first failure, or the
     # signal the launcher received. None while every rank is still allowed to run.
     first_failure: tuple[int, int] | None = None
     received_signal: int | None = None
     terminated: list[int] = attrs.Factory(list)
     killed: list[int] = attrs.Factory(list)
+    # rank -> the ranks its failure echoes, for every rank that exited with an echo.
+    echoes: dict[int, frozenset[int]] = attrs.Factory(dict)
+    # The first echoing exit (rank, returncode), while we wait for the ranks it blames.
+    pending_echo: tuple[int, int] | None = None
 
     @property
     def stopping(self) -> bool:
@@ -259,11 +324,57 @@ class _Supervisor:
             nursery.cancel_scope.cancel()
         return self._report()
 
+    def _echo_of(self, rank: int) -> frozenset[int] | None:
+        if rank not in self.echoes and self.run_dir is not None:
+            echoed = _read_echo(self.run_dir, self.processes[rank].pid)
+            if echoed is not None:
+                self.echoes[rank] = echoed
+        return self.echoes.get(rank)
+
     async def _watch_rank(self, rank: int, process: trio.Process, nursery: trio.Nursery) -> None:
         returncode = await process.wait()
-        if returncode != 0 and not self.stopping:
-            self.first_failure = (rank, returncode)
-            self._stop(nursery)
+        # Read even once stopping: the report says which ranks failed because of another.
+        echoed = self._echo_of(rank) if returncode != 0 else None
+        if returncode == 0 or self.stopping:
+            self._settle_pending(nursery)
+            return
+        if echoed is None:
+            self._fail(rank, returncode, nursery)
+            return
+        if self.pending_echo is None:
+            self.pending_echo = (rank, returncode)
+            nursery.start_soon(self._settle_after_grace, nursery)
+        self._settle_pending(nursery)
+
+    def _settle_pending(self, nursery: trio.Nursery) -> None:
+        """Decide the pending echo once every rank it (or a later echo) blames has exited: a
+        blamed rank that failed on its own is the first failure, else the echo is."""
+        if self.pending_echo is None or self.stopping:
+            return
+        blamed = sorted(set().union(*self.echoes.values()) - set(self.echoes))
+        outcomes = []
+        for rank in blamed:
+            if not 0 <= rank < len(self.processes):
+                continue
+            returncode = self.processes[rank].returncode
+            if returncode is None:
+                return  # still running: its own failure may be on its way
+            outcomes.append((rank, returncode))
+        for rank, returncode in outcomes:
+            # Its watcher may not have run yet: look at its report here.
+            if returncode != 0 and self._echo_of(rank) is None:
+                self._fail(rank, returncode, nursery)
+                return
+        self._fail(*self.pending_echo, nursery)
+
+    async def _settle_after_grace(self, nursery: trio.Nursery) -> None:
+        await trio.sleep(self.grace)
+        if self.pending_echo is not None and not self.stopping:
+            self._fail(*self.pending_echo, nursery)
+
+    def _fail(self, rank: int, returncode: int, nursery: trio.Nursery) -> None:
+        self.first_failure = (rank, returncode)
+        self._stop(nursery)
 
     async def _watch_signals(self, signals: AsyncIterator[int], nursery: trio.Nursery) -> None:
         async for signum in signals:
@@ -294,23 +405,33 @@ class _Supervisor:
 
     def _report(self) -> int:
         if self.first_failure is not None:
-            rank, returncode = self.first_failure
-            reason = f"rank {rank} {_describe_exit(returncode)} (first failure)"
+            first, returncode = self.first_failure
+            reason = f"rank {first} {_describe_exit(returncode)} (first failure)"
             status = exit_status(returncode)
         elif self.received_signal is not None:
+            first = None
             reason = f"received {_signal_name(self.received_signal)}"
             status = 128 + self.received_signal
         else:
             return 0
-        if self.terminated:
-            stopped = "terminated ranks " + ", ".join(map(str, self.terminated))
-        else:
-            stopped = "no other rank was running"
+        parts = [reason]
+        echoed = {rank: ranks for rank, ranks in self.echoes.items() if rank != first}
+        if echoed:
+            if first is not None and all(first in ranks for ranks in echoed.values()):
+                parts.append(f"{_rank_list(echoed)} failed because of it")
+            else:
+                parts.append(f"{_rank_list(echoed)} failed because another rank did")
+        # A rank that reported an echo after SIGTERM exited on its own: it is listed above.
+        terminated = [rank for rank in self.terminated if rank not in echoed]
+        if terminated:
+            parts.append("terminated ranks " + ", ".join(map(str, terminated)))
+        elif not echoed:
+            parts.append("no other rank was running")
         if self.killed:
-            stopped += (
+            parts[-1] += (
                 f" (SIGKILL after {self.grace:g} s grace: ranks {', '.join(map(str, self.killed))})"
             )
-        print(f"trioring run: {reason}; {stopped}", file=self.stderr, flush=True)
+        print(f"trioring run: {'; '.join(parts)}", file=self.stderr, flush=True)
         return status
 
 
@@ -337,6 +458,17 @@ async def _kill_and_reap(processes: Sequence[trio.Process]) -> None:
     with trio.move_on_after(_REAP_AFTER_KILL_S, shield=True):
         for process in processes:
             await process.wait()
+
+
+@contextlib.contextmanager
+def _run_directory() -> Iterator[str]:
+    """A private directory (mode 0700) for the ranks' notes to the launcher (``_launched``),
+    removed with everything in it when the context exits."""
+    path = tempfile.mkdtemp(prefix="trioring-run-")
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 # After the last rank exits, how long its output may still take to drain (a grandchild that
@@ -370,21 +502,24 @@ async def launch(spec: LaunchSpec) -> int:
     ``SIGINT``, ``SIGTERM`` and ``SIGHUP``); the one-line summary of a failure goes to
     :data:`sys.stderr`.
     """
+    base = dict(os.environ)
+    if limit_threads(base, spec.nprocs):
+        print(THREADS_NOTE, file=sys.stderr, flush=True)
     # The signal receiver is installed before the first rank starts, so no signal can land in
     # a window where it would raise KeyboardInterrupt past live ranks.
     with (
         _stop_signal_receiver() as signals,
         rendezvous_environment(spec.transport) as rendezvous,
+        _run_directory() as run_dir,
     ):
         processes: list[trio.Process] = []
         tag = spec.tagging()
         pipe = subprocess.PIPE if tag else None
+        job = {**rendezvous, RUN_DIR_VARIABLE: run_dir}
         try:
             async with trio.open_nursery() as forwarding:
                 for rank in range(spec.nprocs):
-                    env = rank_environment(
-                        os.environ, rendezvous, rank=rank, world_size=spec.nprocs
-                    )
+                    env = rank_environment(base, job, rank=rank, world_size=spec.nprocs)
                     inherited = env.get("TRIORING_LISTEN_FD")
                     process = await trio.lowlevel.open_process(
                         spec.command,
@@ -404,7 +539,8 @@ async def launch(spec: LaunchSpec) -> int:
                         forwarding.start_soon(
                             _forward_lines, process.stderr, sys.stderr.fileno(), prefix
                         )
-                status = await _Supervisor(processes, spec.grace, sys.stderr).run(signals)
+                supervisor = _Supervisor(processes, spec.grace, sys.stderr, run_dir)
+                status = await supervisor.run(signals)
                 forwarding.cancel_scope.deadline = trio.current_time() + _OUTPUT_DRAIN_S
         finally:
             await _kill_and_reap(processes)

@@ -9,7 +9,12 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from ._communicator import DEFAULT_CHUNK_BYTES, Communicator, _create_communicator
+from ._communicator import (
+    DEFAULT_CHUNK_BYTES,
+    Communicator,
+    _create_communicator,
+    _require_trio,
+)
 from ._concurrency import run_concurrently
 from ._config import Config
 from ._errors import ConfigurationError
@@ -46,9 +51,13 @@ async def open_local_world(
         buffered: with ``False``, connections have no buffer at all (every send waits for
             the matching receive, like :func:`trio.testing.lockstep_stream_pair`), so code
             that sends before it receives deadlocks at once instead of only on large arrays.
-        chunk_bytes: bytes per frame of bulk data (default ``DEFAULT_CHUNK_BYTES``); make it small to exercise
-            chunking with small arrays.
+        chunk_bytes: bytes per frame of bulk data (default 1 MiB, ``DEFAULT_CHUNK_BYTES``);
+            make it small to exercise chunking with small arrays.
+
+    Unlike :func:`trioring.open_communicator`, any number of local worlds may be opened at
+    once: they share no addresses.
     """
+    _require_trio("trioring.testing.open_local_world()")
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ConfigurationError(f"world_size must be an int >= 1, got {world_size!r}")
     if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 16:

@@ -13,6 +13,10 @@ __all__ = ["BytesLike", "Connection", "Listener", "Transport", "TransportContext
 #: What :meth:`Connection.send_all` accepts.
 BytesLike: TypeAlias = bytes | bytearray | memoryview
 
+#: Seconds of silence from a peer's host after which its connection fails, unless
+#: ``TRIORING_PEER_TIMEOUT`` says otherwise (see :attr:`TransportContext.peer_timeout`).
+DEFAULT_PEER_TIMEOUT = 30.0
+
 
 @attrs.frozen(kw_only=True)
 class TransportContext:
@@ -26,12 +30,19 @@ class TransportContext:
             share one host).
         socket_dir: a directory shared by all ranks of the job for socket files, or ``None``
             when the transport should make a private one.
+        peer_timeout: after how many seconds without an answer from a peer's host (it
+            crashed, lost its network, or a partition drops its packets) a connection should
+            fail, and a connect give up; ``None`` leaves it to the operating system, which
+            may wait for ever. A peer that is alive but slow, or stopped, must never count as
+            gone. ``TRIORING_PEER_TIMEOUT`` sets it; transports whose kernel reports a dead
+            peer at once (Unix sockets, memory) ignore it.
     """
 
     rank: int
     world_size: int
     host: str = "127.0.0.1"
     socket_dir: str | None = None
+    peer_timeout: float | None = DEFAULT_PEER_TIMEOUT
 
 
 class Connection(trio.abc.AsyncResource):

@@ -9,14 +9,18 @@ from __future__ import annotations
 
 import errno
 import os
-from typing import TYPE_CHECKING, final
+from functools import partial
+from typing import TYPE_CHECKING, TypeVar, final
 
 import trio
 
+from . import _liveness
 from ._abc import BytesLike, Connection, Listener
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
+
+_T = TypeVar("_T")
 
 # Linux caps sendmsg at IOV_MAX (1024) buffers; we never pass more than a handful.
 _ACCEPT_RETRY_ERRNOS = {errno.ECONNABORTED, errno.EPROTO, errno.EPERM, errno.EINTR}
@@ -38,18 +42,63 @@ def advance(views: list[memoryview], sent: int) -> list[memoryview]:
     return rest
 
 
+# Errors that mean "the peer's host stopped answering" rather than "the peer closed": the
+# kernel's timeout (keepalive, or ours, see _liveness), reported as the last ICMP error it
+# got meanwhile where it got one.
+UNREACHABLE_ERRNOS = frozenset(
+    {errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN}
+)
+
+
 @final
 class SocketConnection(Connection):
-    """A connected stream socket (TCP or AF_UNIX)."""
+    """A connected stream socket (TCP or AF_UNIX).
 
-    def __init__(self, sock: trio.socket.SocketType) -> None:
+    With a ``peer_timeout`` (TCP only, see :mod:`trioring.transports._liveness`), every wait of
+    :meth:`send_all`, :meth:`recv_into` and :meth:`send_rest`, and of
+    ``wait_readable(check_peer=True)``, raises :class:`trio.BrokenResourceError` (from a
+    ``TimeoutError``) once the peer's host has left the connection's data unacknowledged for
+    that many seconds."""
+
+    def __init__(self, sock: trio.socket.SocketType, *, peer_timeout: float | None = None) -> None:
         self._sock = sock
         self._fd = sock.fileno()
+        self._peer_timeout = peer_timeout
 
     @property
     def socket(self) -> trio.socket.SocketType:
         """The underlying trio socket (for setting options; do not read or write it)."""
         return self._sock
+
+    @property
+    def peer_timeout(self) -> float | None:
+        """Seconds of silence from the peer's host after which the connection fails
+        (``TRIORING_PEER_TIMEOUT``); ``None`` when nothing but the operating system's own
+        timeouts apply."""
+        return self._peer_timeout
+
+    def _broken(self, doing: str, exc: OSError) -> trio.BrokenResourceError:
+        if exc.errno in UNREACHABLE_ERRNOS and self._peer_timeout is not None:
+            return trio.BrokenResourceError(
+                f"{doing} failed: no answer from the peer's host for {self._peer_timeout:g} s "
+                f"(TRIORING_PEER_TIMEOUT): {exc.strerror}"
+            )
+        return trio.BrokenResourceError(f"{doing} failed: {exc}")
+
+    async def _checking_peer(self, wait: Callable[[], Awaitable[_T]]) -> _T:
+        """``await wait()`` (a wait that a cancellation interrupts without losing data), and
+        meanwhile look at the connection every few seconds: raise OSError(ETIMEDOUT) if the
+        peer's host no longer answers. The deadline costs microseconds per call: only for waits
+        that are rare or expected to last."""
+        timeout = self._peer_timeout
+        if timeout is None:
+            return await wait()
+        while True:
+            with trio.move_on_after(_liveness.check_interval(timeout)):
+                return await wait()
+            silent = _liveness.unanswered_seconds(self._sock)
+            if silent is not None and silent >= timeout:
+                raise TimeoutError(errno.ETIMEDOUT, f"data unacknowledged for {silent:.1f} s")
 
     @property
     def local_host(self) -> str | None:
@@ -67,19 +116,20 @@ class SocketConnection(Connection):
         sock = self._sock
         try:
             while views:
-                views = advance(views, await sock.sendmsg(views))
+                # trio's sendmsg sends nothing when a cancellation interrupts it.
+                views = advance(views, await self._checking_peer(partial(sock.sendmsg, views)))
         except OSError as exc:
             if sock.fileno() == -1:
                 raise trio.ClosedResourceError("connection was closed") from None
-            raise trio.BrokenResourceError(f"send failed: {exc}") from exc
+            raise self._broken("send", exc) from exc
 
     async def recv_into(self, buffer: memoryview) -> int:
         try:
-            received: int = await self._sock.recv_into(buffer)
+            received: int = await self._checking_peer(partial(self._sock.recv_into, buffer))
         except OSError as exc:
             if self._sock.fileno() == -1:
                 raise trio.ClosedResourceError("connection was closed") from None
-            raise trio.BrokenResourceError(f"receive failed: {exc}") from exc
+            raise self._broken("receive", exc) from exc
         return received
 
     # Synchronous fast paths for trioring's own framing layer (not part of the Connection
@@ -97,7 +147,7 @@ class SocketConnection(Connection):
         except OSError as exc:
             if self._sock.fileno() == -1:
                 raise trio.ClosedResourceError("connection was closed") from None
-            raise trio.BrokenResourceError(f"send failed: {exc}") from exc
+            raise self._broken("send", exc) from exc
 
     def recv_nowait(self, buffer: memoryview) -> int | None:
         """Receive what is already there (0 at end of stream); ``None`` if it would block.
@@ -109,20 +159,49 @@ class SocketConnection(Connection):
         except OSError as exc:
             if self._sock.fileno() == -1:
                 raise trio.ClosedResourceError("connection was closed") from None
-            raise trio.BrokenResourceError(f"receive failed: {exc}") from exc
+            raise self._broken("receive", exc) from exc
 
-    async def wait_readable(self) -> None:
+    async def wait_readable(self, *, check_peer: bool = False) -> None:
         """Park until the socket is readable (a checkpoint). Raises
-        :class:`trio.ClosedResourceError` if it is or gets closed."""
+        :class:`trio.ClosedResourceError` if it is or gets closed. With ``check_peer``, also
+        raises :class:`trio.BrokenResourceError` when the peer's host stops answering (see
+        :attr:`peer_timeout`); that costs a deadline, so ask for it once a wait has lasted."""
         if self._fd < 0:
             raise trio.ClosedResourceError("connection was closed")
-        await trio.lowlevel.wait_readable(self._fd)
+        if not check_peer or self._peer_timeout is None:
+            await trio.lowlevel.wait_readable(self._fd)
+            return
+        try:
+            await self._checking_peer(partial(trio.lowlevel.wait_readable, self._fd))
+        except TimeoutError as exc:
+            raise self._broken("receive", exc) from exc
 
     async def wait_writable(self) -> None:
         """Park until the socket is writable (a checkpoint); closed as :meth:`wait_readable`."""
         if self._fd < 0:
             raise trio.ClosedResourceError("connection was closed")
         await trio.lowlevel.wait_writable(self._fd)
+
+    async def send_rest(self, buffers: list[memoryview]) -> None:
+        """Send all of ``buffers``, parking until the socket is writable before each try:
+        for the rest of a frame that :meth:`send_nowait` did not take. Raises like
+        :meth:`send_all`, also when the peer's host stops answering (see
+        :attr:`peer_timeout`). If cancelled, some of the data may have been sent."""
+        views = buffers
+        if not views:
+            await trio.lowlevel.checkpoint()
+            return
+
+        async def drain() -> None:
+            nonlocal views
+            while views:
+                await self.wait_writable()
+                views = advance(views, self.send_nowait(views))
+
+        try:
+            await self._checking_peer(drain)
+        except TimeoutError as exc:
+            raise self._broken("send", exc) from exc
 
     async def aclose(self) -> None:
         # Forget the number first: once closed, the kernel may give it to another file.
@@ -135,7 +214,8 @@ class SocketConnection(Connection):
 class SocketListener(Listener):
     """A listening stream socket. ``admit`` may refuse an accepted connection (it is closed
     and never returned); ``configure`` sets options on admitted ones; ``on_close`` releases
-    what the address holds (a socket file) after the socket is closed."""
+    what the address holds (a socket file) after the socket is closed; ``peer_timeout`` is
+    given to every accepted :class:`SocketConnection`."""
 
     def __init__(
         self,
@@ -145,12 +225,14 @@ class SocketListener(Listener):
         configure: Callable[[trio.socket.SocketType], None] | None = None,
         admit: Callable[[trio.socket.SocketType], bool] | None = None,
         on_close: Callable[[], None] | None = None,
+        peer_timeout: float | None = None,
     ) -> None:
         self._sock = sock
         self._address = address
         self._configure = configure
         self._admit = admit
         self._on_close = on_close
+        self._peer_timeout = peer_timeout
 
     @property
     def address(self) -> str:
@@ -174,7 +256,7 @@ class SocketListener(Listener):
                 continue
             if self._configure is not None:
                 self._configure(conn)
-            return SocketConnection(conn)
+            return SocketConnection(conn, peer_timeout=self._peer_timeout)
 
     async def aclose(self) -> None:
         if self._sock.fileno() != -1:

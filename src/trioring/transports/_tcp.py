@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import errno
+import functools
 import socket as _stdlib_socket
 from typing import final
 
 import trio
 
+from . import _liveness
 from ._abc import Transport
 from ._socket import SocketConnection, SocketListener
 
@@ -30,15 +33,23 @@ def format_host_port(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def _tune(sock: trio.socket.SocketType) -> None:
+def _tune(sock: trio.socket.SocketType, peer_timeout: float | None) -> None:
     # Collective frames are latency-bound at small sizes: never let Nagle hold a header back.
     sock.setsockopt(trio.socket.IPPROTO_TCP, trio.socket.TCP_NODELAY, 1)
+    # A host that crashed or a partition sends nothing: without keepalive an idle connection
+    # to it never fails (see _liveness for how the timeout is made of the probes).
+    _liveness.configure(sock, peer_timeout)
 
 
 @final
 class TcpTransport(Transport):
     """TCP sockets; works across hosts. Listeners bind :attr:`TransportContext.host`
-    (the interface this rank reached the rendezvous from) on a free port."""
+    (the interface this rank reached the rendezvous from) on a free port.
+
+    With :attr:`TransportContext.peer_timeout` set, a connection whose peer's host stops
+    answering (it crashed, lost its network, or a partition drops its packets) fails with
+    :class:`trio.BrokenResourceError` after that many seconds (one more at most), and a
+    connect to an address that does not answer raises ``TimeoutError`` after as many."""
 
     name = "tcp"
     description = "TCP sockets (across hosts)"
@@ -63,16 +74,31 @@ class TcpTransport(Transport):
             sock.close()
             raise
         bound_host, bound_port = sock.getsockname()[:2]
-        return SocketListener(sock, format_host_port(bound_host, bound_port), configure=_tune)
+        timeout = self.context.peer_timeout
+        return SocketListener(
+            sock,
+            format_host_port(bound_host, bound_port),
+            configure=functools.partial(_tune, peer_timeout=timeout),
+            peer_timeout=timeout,
+        )
 
     async def connect(self, address: str) -> SocketConnection:
         host, port = parse_host_port(address)
-        stream = await trio.open_tcp_stream(host, port)
+        timeout = self.context.peer_timeout
+        # A SYN to a host that is down goes unanswered, and the kernel retries it for about
+        # two minutes (net.ipv4.tcp_syn_retries): bound it like any other silence.
+        with trio.move_on_after(timeout if timeout is not None else float("inf")) as scope:
+            stream = await trio.open_tcp_stream(host, port)
+        if scope.cancelled_caught:
+            raise TimeoutError(
+                errno.ETIMEDOUT,
+                f"no answer from {address} for {timeout:g} s (TRIORING_PEER_TIMEOUT)",
+            )
         sock = stream.socket
         # trio.SocketStream sets TCP_NOTSENT_LOWAT=16 KiB, which costs 30-40% on bulk sends
         # (shared/notes/ecosystem.md); we own the socket from here on, so undo it.
         notsent_lowat = getattr(_stdlib_socket, "TCP_NOTSENT_LOWAT", None)
         if notsent_lowat is not None:
             sock.setsockopt(trio.socket.IPPROTO_TCP, notsent_lowat, -1)  # -1 = unlimited
-        _tune(sock)
-        return SocketConnection(sock)
+        _tune(sock, timeout)
+        return SocketConnection(sock, peer_timeout=timeout)

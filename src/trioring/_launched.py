@@ -1,0 +1,137 @@
+"""What a rank started by ``trioring run`` does differently: it reports failures that only
+echo another rank's failure in one line, and tells the launcher so.
+
+When one rank of a job fails, every other rank that was in a collective with it fails too,
+with a :class:`~trioring.PeerFailedError` or :class:`~trioring.PeerAbortedError` naming it.
+Printed in full, those tracebacks bury the one that matters (a crash on one rank of four
+printed 130 lines and 9 tracebacks). So, in a process whose environment has
+``TRIORING_RUN_DIR`` (which only the launcher sets), importing trioring wraps
+:data:`sys.excepthook`:
+
+* An uncaught exception that is such an echo (see :func:`echoed_ranks`) is printed as one
+  line naming the error, its message and the rank it echoes, and the launcher is told,
+  through a file ``<pid>.echo`` in ``TRIORING_RUN_DIR``, which ranks it blames. The launcher
+  then waits for those ranks before naming the job's first failure, so the rank that really
+  failed is named even when its peers exit before it (see ``_launcher._Supervisor``).
+* Any other uncaught exception goes to the previous hook unchanged: the real failure keeps
+  its full traceback.
+* Either way the process first ignores ``SIGTERM``: it is exiting already, and a ``SIGTERM``
+  from the launcher stopping the job must not cut its report off half-way (the launcher's
+  ``SIGKILL`` after the grace period still ends a rank that hangs in a hook).
+
+A program that installs its own :data:`sys.excepthook` after importing trioring replaces ours;
+its ranks then simply print and count as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+from typing import TYPE_CHECKING
+
+from ._errors import (
+    CollectiveError,
+    CommunicatorBrokenError,
+    PeerAbortedError,
+    PeerFailedError,
+)
+
+if TYPE_CHECKING:
+    from types import TracebackType
+
+RUN_DIR_VARIABLE = "TRIORING_RUN_DIR"
+ECHO_SUFFIX = ".echo"
+
+
+def echoed_ranks(exc: BaseException) -> frozenset[int] | None:
+    """The ranks whose failure ``exc`` only reports, or None if ``exc`` is a failure of its
+    own. An echo is a :class:`PeerFailedError` or :class:`PeerAbortedError` about another
+    rank, a collective error relayed by a peer's abort frame about another rank, a
+    :class:`CommunicatorBrokenError` caused by an echo, or an exception group of nothing but
+    echoes."""
+    if isinstance(exc, BaseExceptionGroup):
+        ranks: set[int] = set()
+        for inner in exc.exceptions:
+            echoed = echoed_ranks(inner)
+            if echoed is None:
+                return None
+            ranks |= echoed
+        return frozenset(ranks)
+    if isinstance(exc, CommunicatorBrokenError):
+        cause = exc.__cause__
+        return None if cause is None else echoed_ranks(cause)
+    if not isinstance(exc, CollectiveError) or exc.peer is None or exc.peer == exc.rank:
+        return None
+    relayed = exc._trioring_abort is not None
+    if isinstance(exc, PeerFailedError | PeerAbortedError) or relayed:
+        return frozenset({exc.peer})
+    return None
+
+
+def _first_leaf(exc: BaseException) -> tuple[BaseException, int]:
+    """The first exception of a group that is not a group, and how many leaves there are."""
+    if not isinstance(exc, BaseExceptionGroup):
+        return exc, 1
+    leaves = [_first_leaf(inner) for inner in exc.exceptions]
+    return leaves[0][0], sum(count for _, count in leaves)
+
+
+def _ranks(ranks: frozenset[int]) -> str:
+    if len(ranks) == 1:
+        return f"rank {next(iter(ranks))}"
+    return "ranks " + ", ".join(map(str, sorted(ranks)))
+
+
+def echo_line(exc: BaseException, ranks: frozenset[int]) -> str:
+    leaf, count = _first_leaf(exc)
+    cls = type(leaf)
+    name = (
+        cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    )
+    more = f" (and {count - 1} more like it)" if count > 1 else ""
+    return (
+        f"{name}: {leaf}{more} [traceback omitted by trioring run: this error only reports "
+        f"that {_ranks(ranks)} failed]\n"
+    )
+
+
+def _ignore_sigterm() -> None:
+    # Only the main thread may set handlers; the interpreter's final excepthook runs there.
+    with contextlib.suppress(ValueError):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+
+def _tell_launcher(run_dir: str, ranks: frozenset[int]) -> None:
+    # Named by pid, not rank: a process the rank started (inheriting its environment) never
+    # speaks for it. Best effort: without the file, the launcher counts this rank's exit as a
+    # failure of its own, which is what it did before.
+    path = os.path.join(run_dir, f"{os.getpid()}{ECHO_SUFFIX}")
+    with contextlib.suppress(OSError), open(path, "w", encoding="utf-8") as file:
+        json.dump({"echoes": sorted(ranks)}, file)
+
+
+def install() -> None:
+    """Wrap :data:`sys.excepthook` as the module docstring says, if this process was started
+    by ``trioring run``; otherwise do nothing. Idempotent."""
+    run_dir = os.environ.get(RUN_DIR_VARIABLE, "").strip()
+    if not run_dir or getattr(sys.excepthook, "_trioring_launched", False):
+        return
+    previous = sys.excepthook
+
+    def excepthook(
+        exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
+    ) -> None:
+        _ignore_sigterm()
+        ranks = echoed_ranks(exc)
+        if ranks is None:
+            previous(exc_type, exc, tb)
+            return
+        _tell_launcher(run_dir, ranks)
+        sys.stderr.write(echo_line(exc, ranks))
+        sys.stderr.flush()
+
+    excepthook._trioring_launched = True  # type: ignore[attr-defined]
+    sys.excepthook = excepthook

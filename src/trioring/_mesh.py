@@ -1,0 +1,153 @@
+"""The pairwise mesh: rank i connects to every j < i and accepts every j > i, each data
+connection authenticated (:mod:`trioring._auth`) and then introduced with MESH_HELLO
+{session, from, to}, answered by MESH_ACK {session, from}, so that a connection from another
+job, an earlier world or a stray client is never taken for a peer."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from . import _auth
+from ._concurrency import is_cancellation, run_concurrently
+from ._errors import RendezvousError
+from ._framing import Link
+from ._setup import (
+    MESH_ACK,
+    MESH_HELLO,
+    Admission,
+    BadMessage,
+    describe_connect_error,
+    job_id,
+    job_suffix,
+    read_message,
+    send_message,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ._config import Config
+    from .transports import Connection, Listener, Transport
+
+__all__ = ["connect_mesh"]
+
+logger = logging.getLogger("trioring")
+
+
+async def connect_mesh(
+    config: Config,
+    transport: Transport,
+    listener: Listener,
+    session: str,
+    addresses: list[str],
+    links: dict[int, Link],
+) -> None:
+    """Connect to every lower rank and accept every higher one, filling ``links``. Raises
+    :class:`RendezvousError` naming the peer when a connection or its handshake fails; waits
+    for peers that do not come for as long as the caller's scope allows."""
+    rank, size = config.rank, config.world_size
+
+    def error(message: str, peer: int) -> RendezvousError:
+        return RendezvousError(
+            f"rank {rank}: {message}",
+            rank=rank,
+            peer=peer,
+            collective="rendezvous",
+            job_id=job_id(config),
+        )
+
+    async def connect_to(peer: int) -> None:
+        address = addresses[peer]
+        try:
+            connection = await transport.connect(address)
+        except OSError as exc:
+            raise error(
+                f"cannot connect to rank {peer} at {address}: {describe_connect_error(exc)}", peer
+            ) from exc
+        try:
+            await _auth.initiate(
+                connection,
+                config.credentials,
+                role=_auth.Role.MESH,
+                rank=rank,
+                peer=peer,
+                world_size=size,
+            )
+            await send_message(
+                connection, MESH_HELLO, {"session": session, "from": rank, "to": peer}
+            )
+            _, body = await read_message(connection, {MESH_ACK})
+            if body.get("session") != session or body.get("from") != peer:
+                raise BadMessage("the answer came from another world or rank")
+        except (BadMessage, _auth.HandshakeError) as exc:
+            await trio.aclose_forcefully(connection)
+            raise error(f"handshake with rank {peer} at {address} failed: {exc}", peer) from exc
+        except BaseException:
+            await trio.aclose_forcefully(connection)
+            raise
+        links[peer] = Link(rank, peer, connection, job_id=config.credentials.job_id)
+
+    admission = Admission(config, "connection set-up")
+
+    async def accept_higher() -> None:
+        pending = set(range(rank + 1, size))
+        if not pending:
+            return
+        async with trio.open_nursery() as nursery:
+
+            async def handle(connection: Connection) -> None:
+                async def greet() -> int:
+                    client = await _auth.accept(
+                        connection, config.credentials, role=_auth.Role.MESH, rank=rank
+                    )
+                    peer = client.rank
+                    if client.world_size != size or peer not in pending:
+                        raise BadMessage(f"unexpected rank {peer} of world {client.world_size}")
+                    _, body = await read_message(connection, {MESH_HELLO})
+                    if (body.get("session"), body.get("from"), body.get("to")) != (
+                        session,
+                        peer,
+                        rank,
+                    ):
+                        raise BadMessage("not from this world")
+                    pending.discard(peer)
+                    await send_message(connection, MESH_ACK, {"session": session, "from": rank})
+                    return peer
+
+                peer = await admission.run(connection, greet)
+                if peer is None:
+                    return
+                links[peer] = Link(rank, peer, connection, job_id=config.credentials.job_id)
+                # Stop accepting only once every higher rank's handshake has completed, not
+                # merely started: cancelling earlier would cut a handshake in half.
+                if all(p in links for p in range(rank + 1, size)):
+                    nursery.cancel_scope.cancel()
+
+            while True:
+                nursery.start_soon(handle, await listener.accept())
+
+    started = trio.current_time()
+    try:
+        await run_concurrently(accept_higher, *(_bind(connect_to, peer) for peer in range(rank)))
+    except BaseException as exc:
+        missing = sorted(set(range(size)) - links.keys() - {rank})
+        if missing and is_cancellation(exc):
+            logger.warning(
+                "rank %d: connection set-up interrupted after %.1f s; no connection yet with "
+                "ranks %s%s",
+                rank,
+                trio.current_time() - started,
+                ", ".join(map(str, missing)),
+                job_suffix(config),
+            )
+        raise
+
+
+def _bind(function: Callable[[int], Any], argument: int) -> Callable[[], Any]:
+    async def bound() -> None:
+        await function(argument)
+
+    return bound

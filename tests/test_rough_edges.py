@@ -1,0 +1,473 @@
+"""Rough edges found by writing real programs from the docs (issue 14, item 5): each test here
+failed before its fix.
+
+* ``import trioring`` alone gives ``trioring.testing`` (and ``trioring.transports``);
+* array types whose data or meaning would not survive a collective (np.matrix, masked arrays,
+  other ndarray subclasses) are refused before any I/O, and the communicator stays usable;
+* trioring called from asyncio says so instead of failing inside Trio;
+* two ``open_communicator()`` calls at once for one rank fail at once, on every rank;
+* under ``trioring run``, errors that only echo another rank's failure print one line (the
+  launcher's own side of this, and OMP_NUM_THREADS, are in test_launcher.py).
+
+Processes are bounded: every launcher runs in a session of its own and is killed with its
+whole process group if it outlives its deadline.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pytest
+import trio
+
+import trioring
+from trioring._errors import (
+    CollectiveMismatchError,
+    CommunicatorBrokenError,
+    PeerAbortedError,
+    PeerFailedError,
+)
+from trioring._launched import echo_line, echoed_ranks
+from trioring.testing import open_local_world
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
+#: Bound on one launcher run (its ranks import numpy and trio, on a busy machine).
+DEADLINE_S = 45.0
+
+
+def run_launcher(
+    cwd: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -m trioring run ARGS`` to completion, killed with every rank if it takes
+    longer than DEADLINE_S."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "trioring", "run", *args],
+        cwd=cwd,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=DEADLINE_S)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def write_script(tmp_path: Path, source: str) -> Path:
+    script = tmp_path / "rank.py"
+    script.write_text(textwrap.dedent(source))
+    return script
+
+
+# -- 4. `import trioring` is enough for trioring.testing -------------------------------------
+
+
+def test_plain_import_reaches_the_public_submodules() -> None:
+    # In a fresh interpreter: here, other tests imported trioring.testing already.
+    code = (
+        "import trioring; "
+        "print(trioring.testing.open_local_world.__module__, "
+        "trioring.transports.TcpTransport.__module__)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["trioring.testing", "trioring.transports"]
+
+
+# -- 2. array types that would not survive a collective --------------------------------------
+
+
+class _Tagged(np.ndarray):
+    """An ndarray subclass of the kind a library might define."""
+
+
+def _matrix() -> Any:
+    with pytest.warns(PendingDeprecationWarning):
+        return np.matrix([[1.0, 2.0], [3.0, 4.0]])
+
+
+REFUSED: list[tuple[str, Callable[[], Any], str]] = [
+    ("matrix", _matrix, r"numpy\.matrix is not supported: it stays 2-D .* np\.asarray\(m\)"),
+    (
+        "masked",
+        lambda: np.ma.array([1.0, 2.0, 3.0, 4.0], mask=[False, True, False, False]),
+        r"MaskedArray is not supported: its mask would be ignored.*a\.filled\(0\).*getmaskarray",
+    ),
+    (
+        "recarray",
+        lambda: np.recarray((4,), dtype=np.float64),
+        r"recarray is not supported: .* pass np\.asarray\(a\)",
+    ),
+    (
+        "subclass",
+        lambda: np.zeros(4).view(_Tagged),
+        r"_Tagged is not supported: .*only numpy\.ndarray and numpy\.memmap",
+    ),
+    ("object", lambda: np.array([1, None, 2, 3], dtype=object), r"dtype object is not supported"),
+    (
+        "structured",
+        lambda: np.zeros(4, dtype=[("a", "f4"), ("b", "i4")]),
+        r"structured dtype .* reduce or broadcast each field",
+    ),
+]
+
+
+@pytest.mark.parametrize("collective", ["allreduce", "broadcast"])
+@pytest.mark.parametrize(("name", "make", "message"), REFUSED, ids=[r[0] for r in REFUSED])
+async def test_arrays_that_would_not_survive_are_refused_before_any_io(
+    collective: str, name: str, make: Callable[[], Any], message: str
+) -> None:
+    del name
+    async with open_local_world(2) as comms:
+        with trio.fail_after(10):
+            for comm in comms:
+                # Alone, without its peer: a refusal must not wait for (or send to) anyone.
+                with pytest.raises(trioring.InvalidArgumentError, match=message) as info:
+                    await getattr(comm, collective)(make())
+                assert info.value.rank == comm.rank
+                assert info.value.collective == collective
+                assert not comm.broken
+                assert comm.seq == 0
+            # Still usable, and the refused call used no sequence number.
+            arrays = [np.full(4, comm.rank + 1.0) for comm in comms]
+            async with trio.open_nursery() as nursery:
+                for comm, array in zip(comms, arrays, strict=True):
+                    nursery.start_soon(comm.allreduce, array)
+            assert [a.tolist() for a in arrays] == [[3.0] * 4] * 2
+            assert [comm.seq for comm in comms] == [1, 1]
+
+
+async def test_accepted_array_shapes_and_memmaps(tmp_path: Path) -> None:
+    """A 0-d array, an empty one, and a memmap (a plain buffer in a mapped file) all work in
+    place."""
+    makers: list[Callable[[int], np.ndarray[Any, Any]]] = [
+        lambda rank: np.array(rank + 1.0),
+        lambda rank: np.zeros((0, 3)),
+        lambda rank: np.memmap(tmp_path / f"m{rank}", dtype="f8", mode="w+", shape=(2, 3)),
+    ]
+    async with open_local_world(2) as comms:
+        with trio.fail_after(10):
+            for make in makers:
+                arrays = [make(comm.rank) for comm in comms]
+                for rank, array in enumerate(arrays):
+                    array[...] = rank + 1.0
+                async with trio.open_nursery() as nursery:
+                    for comm, array in zip(comms, arrays, strict=True):
+                        nursery.start_soon(comm.allreduce, array)
+                for array in arrays:
+                    assert type(array) is type(arrays[0])
+                    assert np.all(np.asarray(array) == 3.0)
+
+
+# -- 5. called from asyncio -------------------------------------------------------------------
+
+
+def test_open_communicator_from_asyncio_says_so() -> None:
+    async def main() -> None:
+        async with trioring.open_communicator(rank=0, world_size=1):
+            pass  # pragma: no cover - must not get here
+
+    with pytest.raises(
+        trioring.ConfigurationError,
+        match=r"^trioring needs Trio \(trio\.run\); open_communicator\(\) was called from "
+        r"asyncio\. .*asyncio\.to_thread\(trio\.run, main\)",
+    ):
+        asyncio.run(main())
+
+
+def test_open_local_world_from_asyncio_says_so() -> None:
+    async def main() -> None:
+        async with open_local_world(2):
+            pass  # pragma: no cover - must not get here
+
+    with pytest.raises(
+        trioring.ConfigurationError,
+        match=r"trioring\.testing\.open_local_world\(\) was called from asyncio",
+    ):
+        asyncio.run(main())
+
+
+def test_open_communicator_without_any_event_loop_says_so() -> None:
+    opening = trioring.open_communicator(rank=0, world_size=1).__aenter__()
+    with pytest.raises(trioring.ConfigurationError, match=r"was called outside trio\.run"):
+        opening.send(None)
+
+
+# -- 3. two open_communicator() calls at once -------------------------------------------------
+
+
+async def test_concurrent_open_in_one_process_fails_at_once() -> None:
+    """A world of one rank needs no I/O at all, so both calls would succeed; the second is
+    refused anyway, as it would be in a world of several ranks (where it cannot work)."""
+    outcomes: list[str] = []
+
+    async def open_one() -> None:
+        try:
+            async with trioring.open_communicator(rank=0, world_size=1, transport="tcp"):
+                outcomes.append("opened")
+        except trioring.ConcurrentOpenError as exc:
+            outcomes.append(str(exc))
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(open_one)
+            nursery.start_soon(open_one)
+    assert len(outcomes) == 2
+    assert "opened" in outcomes
+    (refused,) = (outcome for outcome in outcomes if outcome != "opened")
+    assert refused.startswith("rank 0: another open_communicator() call of this process is ")
+    assert "one after another on one communicator" in refused
+    # Once the first is open, the same settings open again.
+    async with (
+        trioring.open_communicator(rank=0, world_size=1, transport="tcp") as first,
+        trioring.open_communicator(rank=0, world_size=1, transport="tcp") as second,
+    ):
+        await first.barrier()
+        await second.barrier()
+
+
+async def test_local_worlds_may_open_concurrently() -> None:
+    async def world() -> None:
+        async with open_local_world(3) as comms, trio.open_nursery() as nursery:
+            for comm in comms:
+                nursery.start_soon(comm.barrier)
+
+    with trio.fail_after(10):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(world)
+            nursery.start_soon(world)
+
+
+CONCURRENT_OPEN = """
+    import json, os, sys, time
+    import trio, trioring
+
+    async def open_one():
+        async with trioring.open_communicator() as comm:
+            await comm.barrier()
+
+    async def main():
+        start = time.monotonic()
+        errors = []
+        try:
+            # Without the check, the ranks other than 0 waited for a rank 0 that had failed.
+            with trio.fail_after(20):
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(open_one)
+                    nursery.start_soon(open_one)
+        except BaseExceptionGroup as group:
+            errors = [[type(e).__name__, str(e)] for e in group.exceptions]
+        except Exception as exc:
+            errors = [[type(exc).__name__, str(exc)]]
+        report = {"errors": errors, "elapsed": time.monotonic() - start}
+        with open(f"rank{os.environ['RANK']}.json", "w") as file:
+            json.dump(report, file)
+
+    trio.run(main)
+"""
+
+
+@pytest.mark.parametrize("transport", ["unix", "tcp"])
+def test_concurrent_open_fails_at_once_on_every_rank(tmp_path: Path, transport: str) -> None:
+    script = write_script(tmp_path, CONCURRENT_OPEN)
+    result = run_launcher(tmp_path, "-n", "3", "--transport", transport, str(script))
+    assert result.returncode == 0, result.stderr
+    for rank in range(3):
+        report = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert [name for name, _ in report["errors"]] == ["ConcurrentOpenError"], report
+        message = report["errors"][0][1]
+        assert message.startswith(f"rank {rank}: another open_communicator() call of this ")
+        assert "[job run-" in message
+        assert report["elapsed"] < 10, report  # at once: nobody waited for a peer
+
+
+SEQUENTIAL_OPEN = """
+    import json, os
+    import numpy as np, trio, trioring
+
+    async def main():
+        with trio.fail_after(30):
+            await body()
+
+    async def body():
+        # Same environment three times: the second while the first is open, the third after
+        # both closed; collectives on the two open ones run at the same time.
+        async with trioring.open_communicator() as a:
+            async with trioring.open_communicator() as b:
+                x, y = np.ones(8), np.full(8, 2.0)
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(a.allreduce, x)
+                    nursery.start_soon(b.allreduce, y)
+        async with trioring.open_communicator() as c:
+            await c.barrier()
+        with open(f"rank{os.environ['RANK']}.json", "w") as file:
+            json.dump({"x": x.tolist(), "y": y.tolist()}, file)
+
+    trio.run(main)
+"""
+
+
+@pytest.mark.parametrize("transport", ["unix", "tcp"])
+def test_opening_again_once_open_works(tmp_path: Path, transport: str) -> None:
+    script = write_script(tmp_path, SEQUENTIAL_OPEN)
+    result = run_launcher(tmp_path, "-n", "3", "--transport", transport, str(script))
+    assert result.returncode == 0, result.stderr
+    for rank in range(3):
+        report = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        assert report == {"x": [3.0] * 8, "y": [6.0] * 8}
+
+
+# -- 6. short failure reports under trioring run ----------------------------------------------
+
+
+def test_echoes_are_errors_that_only_report_another_ranks_failure() -> None:
+    failed = PeerFailedError("rank 0: allreduce #3: peer rank 2 closed", rank=0, peer=2)
+    aborted = PeerAbortedError("rank 1: rank 3 cancelled", reason="cancelled", rank=1, peer=3)
+    assert echoed_ranks(failed) == frozenset({2})
+    assert echoed_ranks(aborted) == frozenset({3})
+    broken = CommunicatorBrokenError("rank 0: broken since #3", rank=0)
+    broken.__cause__ = failed
+    assert echoed_ranks(broken) == frozenset({2})
+    assert echoed_ranks(ExceptionGroup("g", [failed, aborted])) == frozenset({2, 3})
+    # A failure of its own: not an echo.
+    assert echoed_ranks(ValueError("bad batch")) is None
+    assert echoed_ranks(ExceptionGroup("g", [failed, ValueError("bad batch")])) is None
+    assert echoed_ranks(CommunicatorBrokenError("broken by cancel", rank=0)) is None
+    assert echoed_ranks(PeerFailedError("rank 0: who knows", rank=0)) is None
+    assert echoed_ranks(PeerFailedError("rank 0: about me", rank=0, peer=0)) is None
+    mismatch = CollectiveMismatchError("rank 0: mismatch with rank 1", rank=0, peer=1)
+    assert echoed_ranks(mismatch) is None  # this rank saw the mismatch itself
+    mismatch._trioring_abort = (2, 1, "mismatch", 1)  # news of it from rank 1's abort frame
+    assert echoed_ranks(mismatch) == frozenset({1})
+    assert echo_line(ExceptionGroup("g", [failed, aborted]), frozenset({2, 3})) == (
+        "trioring.PeerFailedError: rank 0: allreduce #3: peer rank 2 closed (and 1 more like "
+        "it) [traceback omitted by trioring run: this error only reports that ranks 2, 3 "
+        "failed]\n"
+    )
+
+
+HOOKED = """
+    import os, signal, sys
+    import trioring
+
+    kind = sys.argv[1]
+    print(os.getpid(), flush=True)
+    if kind == "echo":
+        raise trioring.PeerFailedError("rank 1: barrier #2: rank 0 failed", rank=1, peer=0)
+    if kind == "hook-then-sigterm":
+        error = trioring.PeerFailedError("rank 1: barrier #2: rank 0 failed", rank=1, peer=0)
+        sys.excepthook(type(error), error, None)
+        print(signal.getsignal(signal.SIGTERM) is signal.SIG_IGN, flush=True)
+        sys.exit(0)
+    raise ValueError("a failure of its own")
+"""
+
+
+@pytest.mark.parametrize("launched", [True, False])
+@pytest.mark.parametrize("kind", ["echo", "own"])
+def test_excepthook_under_the_launcher(tmp_path: Path, kind: str, launched: bool) -> None:
+    script = write_script(tmp_path, HOOKED)
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "TRIORING_RUN_DIR"}
+    if launched:
+        env["TRIORING_RUN_DIR"] = str(run_dir)
+    result = subprocess.run(
+        [sys.executable, str(script), kind],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 1
+    pid = int(result.stdout)
+    note = run_dir / f"{pid}.echo"
+    if kind == "echo" and launched:
+        assert result.stderr == (
+            "trioring.PeerFailedError: rank 1: barrier #2: rank 0 failed [traceback omitted by "
+            "trioring run: this error only reports that rank 0 failed]\n"
+        )
+        assert json.loads(note.read_text()) == {"echoes": [0]}
+    else:
+        assert result.stderr.startswith("Traceback (most recent call last):\n")
+        assert not list(run_dir.iterdir())
+
+
+def test_excepthook_ignores_sigterm_once_reporting(tmp_path: Path) -> None:
+    """A rank that is printing why it exits is not cut off by the launcher's SIGTERM."""
+    script = write_script(tmp_path, HOOKED)
+    result = subprocess.run(
+        [sys.executable, str(script), "hook-then-sigterm"],
+        env={**os.environ, "TRIORING_RUN_DIR": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split()[1] == "True"
+
+
+CRASH = """
+    import numpy as np, trio, trioring
+
+    async def main():
+        async with trioring.open_communicator() as comm:
+            x = np.ones(1000)
+            for step in range(10):
+                if comm.rank == 2 and step == 3:
+                    raise ValueError("bad batch on rank 2")
+                await comm.allreduce(x)
+
+    trio.run(main)
+"""
+
+
+def test_a_crash_on_one_rank_of_four_is_reported_once(tmp_path: Path) -> None:
+    """Rank 2 raises between collectives while the others wait in one with it. The output is
+    rank 2's traceback, at most one line for each other rank, and the launcher's summary,
+    which names rank 2 as the first failure and says what became of every other rank."""
+    script = write_script(tmp_path, CRASH)
+    started = time.monotonic()
+    # A long grace period: rank 2 is never stopped before it has reported, however slow.
+    result = run_launcher(tmp_path, "-n", "4", "--tag-output", "--grace", "30", str(script))
+    assert time.monotonic() - started < DEADLINE_S
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.splitlines()
+    assert result.stderr.count("Traceback (most recent call last)") == 1, result.stderr
+    assert "[2] Traceback (most recent call last):" in lines
+    assert "[2] ValueError: bad batch on rank 2" in lines
+    for rank in (0, 1, 3):
+        own = [line for line in lines if line.startswith(f"[{rank}] ")]
+        assert len(own) <= 1, result.stderr
+        for line in own:
+            assert line.endswith("this error only reports that rank 2 failed]"), line
+    summary = re.fullmatch(
+        r"trioring run: rank 2 exited with code 1 \(first failure\); (.*)", lines[-1]
+    )
+    assert summary is not None, result.stderr
+    # Every other rank is accounted for: failed because of rank 2, or terminated.
+    assert sorted(int(n) for n in re.findall(r"\d+", summary.group(1))) == [0, 1, 3], lines[-1]
+    assert len(lines) < 25, result.stderr
