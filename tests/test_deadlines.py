@@ -20,8 +20,9 @@ import trio
 import trio.testing
 
 import trioring
-from trioring import _algorithms, _shm
+from trioring import _algorithms
 from trioring._framing import Kind, Link, OpSpec
+from trioring._onehost import _shm
 from trioring.testing import open_local_world
 
 if TYPE_CHECKING:

@@ -25,9 +25,9 @@ import trio
 import trio.testing
 
 import trioring
-from trioring import _cma
 from trioring._config import spin_seconds
 from trioring._framing import HEADER, AbortKind, Kind, Link, OpSpec, pack_data_header
+from trioring._onehost import _cma
 from trioring.transports._socket import SocketConnection
 
 if TYPE_CHECKING:

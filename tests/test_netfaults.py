@@ -24,6 +24,7 @@ import pytest
 import trio
 
 from netns import Hosts, open_hosts
+from trioring import _rendezvous
 from trioring._config import peer_timeout
 from trioring._errors import ConfigurationError
 from trioring.transports import TcpTransport, TransportContext
@@ -397,3 +398,31 @@ async def test_socket_options_when_turned_off() -> None:
     finally:
         for resource in (connected, accepted, listener):
             await resource.aclose()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux socket options")
+async def test_the_launchers_listening_socket_gets_keepalive_too() -> None:
+    """Under ``trioring run --transport tcp`` rank 0 accepts the rendezvous on a socket the
+    launcher bound (TRIORING_LISTEN_FD): its connections are watched like any other."""
+    with socket.socket() as inherited:
+        inherited.bind(("127.0.0.1", 0))
+        inherited.listen()
+        port = inherited.getsockname()[1]
+        listener = _rendezvous._inherited_listener(inherited.fileno(), f"127.0.0.1:{port}", 30.0)
+        transport = TcpTransport(TransportContext(rank=1, world_size=2, peer_timeout=30.0))
+        try:
+            async with trio.open_nursery() as nursery:
+                accepted: list[Any] = []
+
+                async def accept() -> None:
+                    accepted.append(await listener.accept())
+
+                nursery.start_soon(accept)
+                connected = await transport.connect(f"127.0.0.1:{port}")
+            assert accepted[0].peer_timeout == 30.0
+            assert options(accepted[0].socket)["keepalive"] == 1
+            assert options(accepted[0].socket)["idle"] == 10
+            await connected.aclose()
+            await accepted[0].aclose()
+        finally:
+            await listener.aclose()

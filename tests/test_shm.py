@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import trioring
-from trioring import _shm
+from trioring._onehost import _shm
 
 if TYPE_CHECKING:
     from pathlib import Path

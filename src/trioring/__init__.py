@@ -5,11 +5,7 @@ arrays across processes, over TCP or Unix sockets."""
 # `trioring.testing.open_local_world` (as the reference shows it). Cheap: they only re-export
 # what the core imports anyway. (_launched: see the end of this file.)
 from . import _launched, testing as testing, transports as transports
-from ._communicator import (
-    Communicator as Communicator,
-    ReduceOp as ReduceOp,
-    open_communicator as open_communicator,
-)
+from ._communicator import Communicator as Communicator, ReduceOp as ReduceOp
 from ._errors import (
     CollectiveError as CollectiveError,
     CollectiveMismatchError as CollectiveMismatchError,
@@ -26,6 +22,7 @@ from ._errors import (
     TransportUnavailable as TransportUnavailable,
     TrioringError as TrioringError,
 )
+from ._opening import open_communicator as open_communicator
 from ._registry import (
     Capability as Capability,
     capabilities as capabilities,

@@ -3,20 +3,14 @@ collective algorithms."""
 
 from __future__ import annotations
 
-import array
 import enum
 import logging
-import os
-import socket
-import struct
-import sys
-from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, final
 
 import numpy as np
 import trio
 
-from . import _algorithms, _cma, _config, _registry, _shm
+from . import _algorithms
 from ._concurrency import is_cancellation
 from ._errors import (
     CollectiveError,
@@ -24,18 +18,14 @@ from ._errors import (
     CommunicatorBrokenError,
     CommunicatorBusyError,
     CommunicatorClosedError,
-    ConcurrentOpenError,
-    ConfigurationError,
     InvalidArgumentError,
     PeerAbortedError,
     PeerFailedError,
     ProtocolError,
-    RendezvousError,
     TrioringError,
 )
 from ._framing import (
     DTYPE_CODES,
-    HEADER,
     NO_ROOT,
     OP_NAMES,
     AbortKind,
@@ -43,16 +33,16 @@ from ._framing import (
     Link,
     OpSpec,
     WaitCount,
-    pack_data_header,
 )
-from ._rendezvous import connect_world
+from ._onehost import _cma_collectives, _shm, _shm_collectives
 from ._util import NoPublicConstructor
-from .transports import TcpTransport, Transport, TransportContext, UnixTransport
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncIterator, Awaitable, Callable
+    from collections.abc import Awaitable, Callable
 
-__all__ = ["Communicator", "ReduceOp", "open_communicator"]
+    from .transports import Transport
+
+__all__ = ["Communicator", "ReduceOp"]
 
 #: Bytes per frame of bulk data. Large enough that per-frame costs vanish, small enough that a
 #: ring step streams (and that the reusable scratch buffer stays small).
@@ -181,7 +171,7 @@ class Communicator(metaclass=NoPublicConstructor):
             scratch=_aligned_scratch(chunk_bytes if world_size > 1 else 0),
         )
         # The shared-memory allreduce needs 2 p arrays' worth of scratch, p the largest power
-        # of two <= world_size (see _algorithms.shm_allreduce).
+        # of two <= world_size (see _onehost._shm_collectives.shm_allreduce).
         p = 1 << (world_size.bit_length() - 1)
         self._shm_allreduce_bytes = min(_shm.SHM_MAX_BYTES, self._world.scratch.nbytes // (2 * p))
 
@@ -304,9 +294,9 @@ class Communicator(metaclass=NoPublicConstructor):
 
         async def body(op_spec: OpSpec) -> None:
             if shm:
-                await _algorithms.shm_allreduce(world, op_spec, flat, ufunc, divide=divide)
+                await _shm_collectives.shm_allreduce(world, op_spec, flat, ufunc, divide=divide)
             elif cma:
-                await _algorithms.cma_allreduce(world, op_spec, flat, ufunc, divide=divide)
+                await _cma_collectives.cma_allreduce(world, op_spec, flat, ufunc, divide=divide)
             elif small:
                 await _algorithms.recursive_doubling_allreduce(
                     world, op_spec, flat, ufunc, divide=divide
@@ -355,7 +345,7 @@ class Communicator(metaclass=NoPublicConstructor):
         async def body(op_spec: OpSpec) -> None:
             if self._world.shm is not None and flat.nbytes <= _shm.SHM_MAX_BYTES:
                 # Every rank publishes the call's identity there, so this agrees too.
-                await _algorithms.shm_broadcast(self._world, op_spec, flat, root)
+                await _shm_collectives.shm_broadcast(self._world, op_spec, flat, root)
                 return
             # Agree first: a dissemination round of tokens carrying this call's identity (root
             # included) reaches every rank from every rank, so ranks that disagree about the
@@ -363,7 +353,7 @@ class Communicator(metaclass=NoPublicConstructor):
             # thinks another rank is the root, nobody would ever send.
             await _algorithms.barrier(self._world, op_spec)
             if self._world.peer_pids is not None and flat.nbytes > CMA_MIN_BYTES:
-                await _algorithms.cma_broadcast(self._world, op_spec, flat, root)
+                await _cma_collectives.cma_broadcast(self._world, op_spec, flat, root)
             elif flat.nbytes <= self._world.chunk_bytes:
                 await _algorithms.small_broadcast(self._world, op_spec, flat, root)
             else:
@@ -389,7 +379,7 @@ class Communicator(metaclass=NoPublicConstructor):
 
         async def body(op_spec: OpSpec) -> None:
             if self._world.shm is not None:
-                await _algorithms.shm_barrier(self._world, op_spec)
+                await _shm_collectives.shm_barrier(self._world, op_spec)
             else:
                 await _algorithms.barrier(self._world, op_spec)
 
@@ -634,116 +624,6 @@ class Communicator(metaclass=NoPublicConstructor):
         self._transport.close()
 
 
-async def _create_communicator(
-    config: _config.Config,
-    make_transport: Callable[[TransportContext], Transport],
-    *,
-    chunk_bytes: int = DEFAULT_CHUNK_BYTES,
-) -> Communicator:
-    if config.transport == "memory":
-        make_rendezvous: Callable[[TransportContext], Transport] = make_transport
-    elif config.rendezvous_over_socket_dir:
-        make_rendezvous = UnixTransport
-    else:
-        make_rendezvous = TcpTransport
-    peer_pids: dict[int, int] | None = None
-    shm: _shm.SharedSlots | None = None
-
-    async def agree(links: dict[int, Link]) -> None:
-        # Runs inside connect_world's set-up, so that a rank failing here (or dying) aborts
-        # every rank's open_communicator, not only its neighbours'.
-        nonlocal peer_pids, shm
-        for link in links.values():
-            link.spin_seconds = config.spin_seconds
-        if config.transport != "unix" or config.world_size == 1:
-            return
-        try:
-            peer_pids = await _agree_on_cma(config, links)
-            shm = await _agree_on_shm(config, links)
-        except CollectiveError as exc:
-            raise RendezvousError(
-                f"rank {config.rank}: rendezvous failed while agreeing on capabilities: "
-                f"{exc._bare_message}",
-                rank=config.rank,
-                peer=exc.peer,
-                collective="rendezvous",
-                job_id=config.credentials.job_id or None,
-            ) from exc
-
-    try:
-        transport, links = await connect_world(config, make_transport, make_rendezvous, agree)
-    except BaseException:
-        # connect_world closed the links and the transport; the segment is ours.
-        if shm is not None:
-            shm.close()
-        raise
-    comm = Communicator._create(
-        rank=config.rank,
-        world_size=config.world_size,
-        transport=transport,
-        links=links,
-        chunk_bytes=chunk_bytes,
-        job_id=config.credentials.job_id,
-    )
-    comm._world.peer_pids = peer_pids
-    comm._world.shm = shm
-    # Only now: a long wait watches the other links by reading their frames ahead, and the
-    # set-up above reads the segment's frame straight off the socket (its descriptor travels
-    # beside the bytes), which must not have been read ahead. With 64 ranks on 2 cores the
-    # set-up's waits outlast _WATCH_AFTER_SECONDS, and a watch took rank 0's segment frame:
-    # every 64-rank world failed to open.
-    for link in links.values():
-        link.watch = list(links.values())
-    return comm
-
-
-_OFFER = struct.Struct("<QQQ")  # offered (0/1), address of our cookie, the cookie's value
-
-
-async def _agree_on_cma(config: _config.Config, links: dict[int, Link]) -> dict[int, int] | None:
-    """Decide, identically on every rank, whether collectives may use cross-memory attach:
-    only if every rank offers it and every rank could read a cookie from every peer's memory
-    (the kernel's ptrace rules, seccomp and containers decide that, per pair). Two rounds of
-    small frames on every link (``setup #0``). Returns the peers' pids, or None."""
-    spec = OpSpec(Kind.SETUP, 0)
-    offer = config.cma and _cma.unavailable_reason() is None
-    cookie = np.frombuffer(os.urandom(8), dtype=np.uint64).copy()
-    pids = (
-        {peer: _cma.peer_pid(link.connection.socket) for peer, link in links.items()}  # type: ignore[attr-defined]
-        if offer
-        else {}
-    )
-    mine = memoryview(_OFFER.pack(offer, cookie.ctypes.data, int(cookie[0])))
-    for link in links.values():
-        await link.send(spec, 0, mine)
-    readable = offer
-    theirs = bytearray(_OFFER.size)
-    probe = np.zeros(1, dtype=np.uint64)
-    for peer, link in links.items():
-        await link.recv(spec, 0, memoryview(theirs))
-        offered, address, value = _OFFER.unpack(theirs)
-        if not (offered and readable):
-            readable = False
-            continue
-        try:
-            _cma.read_into(pids[peer], address, probe.ctypes.data, 8)
-        except _cma.CmaError:
-            readable = False
-        else:
-            readable = int(probe[0]) == value
-    verdict = memoryview(struct.pack("<Q", readable))
-    for link in links.values():
-        await link.send(spec, 1, verdict)
-    agreed = readable
-    answer = bytearray(8)
-    for link in links.values():
-        await link.recv(spec, 1, memoryview(answer))
-        agreed = agreed and struct.unpack("<Q", answer)[0] == 1
-    # Keep the cookie alive until every peer has read it (they answered after reading).
-    del cookie
-    return pids if agreed else None
-
-
 def _unsupported_array_type(array: object) -> str:
     """Why ``array``, which is not an exact ndarray or memmap, is refused, and what to pass."""
     name = f"{type(array).__module__}.{type(array).__qualname__}"
@@ -766,241 +646,3 @@ def _unsupported_array_type(array: object) -> str:
             "pass np.asarray(a), a view of the same memory"
         )
     return f"expected a numpy.ndarray, got {type(array).__name__}"
-
-
-def _require_trio(what: str) -> None:
-    """Raise ConfigurationError unless running inside ``trio.run``: called from asyncio (or no
-    event loop at all), Trio's own calls would fail later with internal RuntimeErrors.
-
-    Only the entry points check (open_communicator, open_local_world): a Communicator can only
-    be made inside Trio, so its methods need not pay for the check on every collective."""
-    try:
-        trio.lowlevel.current_task()
-    except RuntimeError:
-        pass
-    else:
-        return
-    # Without importing asyncio ourselves (and sniffio is not a dependency): a running
-    # asyncio loop can only exist if the program imported asyncio.
-    asyncio = sys.modules.get("asyncio")
-    if asyncio is not None and asyncio._get_running_loop() is not None:
-        where = (
-            "from asyncio. Run the program with trio.run(main) instead (from asyncio code, "
-            "trio.run can run in a thread: await asyncio.to_thread(trio.run, main))"
-        )
-    else:
-        where = "outside trio.run. Run the program with trio.run(main)"
-    raise ConfigurationError(f"trioring needs Trio (trio.run); {what} was called {where}")
-
-
-def _concurrent_open(config: _config.Config) -> ConcurrentOpenError:
-    if config.world_size == 1:
-        world = "a world of one rank"
-    elif config.rendezvous_over_socket_dir:
-        world = f"{config.transport}, socket directory {config.socket_dir}"
-    else:
-        world = f"{config.transport}, rendezvous at {config.master_addr}:{config.master_port}"
-    job_id = config.credentials.job_id or None
-    return ConcurrentOpenError(
-        f"rank {config.rank}: another open_communicator() call of this process is still "
-        f"opening rank {config.rank} of the same world ({world}); opening communicators "
-        "concurrently is not supported. Run the collectives one after another on one "
-        "communicator, or open the second communicator after the first one is open",
-        rank=config.rank,
-        collective="rendezvous",
-        job_id=job_id,
-    )
-
-
-_OpeningKey = tuple[int, str, str | None, int | None, str | None, str]
-#: Who is connecting, and to which world (rank, transport, master address and port, socket
-#: directory, job id), for every open_communicator() call of this process that has not
-#: finished opening. Two at once for the same rank of one world would both try to be that
-#: rank at one rendezvous (rank 0 fails to bind, the others wait forever), so the second one
-#: fails at once, on every rank alike (see ConcurrentOpenError).
-_OPENING: set[_OpeningKey] = set()
-
-
-def _opening_key(config: _config.Config) -> _OpeningKey:
-    return (
-        config.rank,
-        config.transport,
-        config.master_addr,
-        config.master_port,
-        config.socket_dir,
-        config.credentials.job_id,
-    )
-
-
-@asynccontextmanager
-async def open_communicator(
-    *,
-    rank: int | None = None,
-    world_size: int | None = None,
-    master_addr: str | None = None,
-    master_port: int | None = None,
-    transport: str | None = None,
-) -> AsyncIterator[Communicator]:
-    """Join a world of ``world_size`` processes and yield a connected :class:`Communicator`;
-    close it on exit.
-
-    Every argument left as ``None`` is read from the environment, as ``torch.distributed``
-    does: ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, and
-    ``TRIORING_TRANSPORT`` (``"tcp"`` by default, ``"unix"``, or any registered transport).
-    With ``TRIORING_TRANSPORT=unix`` and ``TRIORING_SOCKET_DIR`` set to a directory shared by
-    all ranks, no TCP port is used at all; without it, rendezvous goes through
-    ``MASTER_ADDR:MASTER_PORT`` and data through Unix sockets. A world of size 1 needs no
-    address. Missing or invalid settings raise :class:`~trioring.ConfigurationError` naming
-    the variable, and an unknown or unavailable transport raises
-    :class:`~trioring.ConfigurationError` or :class:`~trioring.TransportUnavailable`, all
-    before any I/O.
-
-    Rank 0 listens at ``MASTER_ADDR:MASTER_PORT``; the other ranks retry connecting until it
-    does. There is no internal timeout: wrap the call in ``trio.fail_after`` to bound how long
-    to wait for missing ranks. Cancellation while connecting closes everything opened so far.
-
-    One process opens one communicator per world at a time: a call made while another call
-    of this process is still opening the same rank of the same world raises
-    :class:`~trioring.ConcurrentOpenError` at once (on every rank, since every rank makes the
-    same calls). Opening another communicator with the same settings after this one is open
-    works; so do collectives on several open communicators at once.
-
-    Raises:
-        ConfigurationError, TransportUnavailable: before any I/O; ``ConfigurationError`` also
-            when called outside ``trio.run`` (from asyncio, say).
-        ConcurrentOpenError: before any I/O, see above.
-        RendezvousError: the world is inconsistent (different ``WORLD_SIZE``, duplicate
-            ``RANK``, different transports) or a peer cannot be reached.
-    """
-    _require_trio("open_communicator()")
-    config = _config.resolve(
-        rank=rank,
-        world_size=world_size,
-        master_addr=master_addr,
-        master_port=master_port,
-        transport=transport,
-    )
-    transport_cls = _registry.get_transport(config.transport, source=config.transport_source)
-    key = _opening_key(config)
-    if key in _OPENING:
-        raise _concurrent_open(config)
-    _OPENING.add(key)
-    try:
-        comm = await _create_communicator(config, transport_cls)
-    finally:
-        _OPENING.discard(key)
-    try:
-        yield comm
-    finally:
-        await comm.aclose()
-
-
-async def _agree_on_shm(config: _config.Config, links: dict[int, Link]) -> _shm.SharedSlots | None:
-    """Decide, identically on every rank, whether small collectives go through a shared
-    segment (see _shm): rank 0 creates it and hands it to every peer over its Unix
-    connection; every rank maps it and says whether that worked; it is used only if it
-    worked everywhere (``setup #0``, offsets 2 and 3). Off without polling
-    (TRIORING_SPIN_US=0, or one CPU): a parked wait on the segment wakes only on a timer."""
-    spec = OpSpec(Kind.SETUP, 0)
-    offer = config.shm and config.spin_seconds > 0 and _shm.unavailable_reason() is None
-    fd = -1
-    slots = None
-    try:
-        if config.rank == 0:
-            if offer:
-                try:
-                    fd = _shm.create_segment(config.world_size)
-                except OSError:
-                    offer = False
-            for link in links.values():
-                await _send_segment(link, spec, fd if offer else -1)
-        else:
-            fd = await _receive_segment(links[0], spec)
-        if offer and fd >= 0:
-            try:
-                slots = _shm.SharedSlots(
-                    fd,
-                    config.rank,
-                    config.world_size,
-                    {peer: link.connection.socket.fileno() for peer, link in links.items()},  # type: ignore[attr-defined]
-                )
-            except (OSError, ValueError):
-                slots = None
-    finally:
-        if fd >= 0:
-            os.close(fd)
-    try:
-        verdict = memoryview(struct.pack("<Q", slots is not None))
-        for link in links.values():
-            await link.send(spec, 3, verdict)
-        agreed = slots is not None
-        answer = bytearray(8)
-        for link in links.values():
-            await link.recv(spec, 3, memoryview(answer))
-            agreed = agreed and struct.unpack("<Q", answer)[0] == 1
-    except BaseException:
-        if slots is not None:
-            slots.close()
-        raise
-    if not agreed and slots is not None:
-        slots.close()
-        slots = None
-    return slots
-
-
-_SEGMENT = struct.Struct("<Q")  # 1 when the frame carries the segment's descriptor
-
-
-async def _send_segment(link: Link, spec: OpSpec, fd: int) -> None:
-    frame = bytearray(HEADER.size + _SEGMENT.size)
-    pack_data_header(frame, spec, 2, _SEGMENT.size)
-    _SEGMENT.pack_into(frame, HEADER.size, fd >= 0)
-    sock = link.connection.socket  # type: ignore[attr-defined]
-    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))] if fd >= 0 else []
-    try:
-        sent = await sock.sendmsg([frame], ancillary)
-        if sent < len(frame):
-            await link.connection.send_all(memoryview(frame)[sent:])
-    except (OSError, trio.BrokenResourceError) as exc:
-        raise link.peer_failed(spec, f"connection to peer rank {link.peer} broke: {exc}") from exc
-
-
-async def _receive_segment(link: Link, spec: OpSpec) -> int:
-    """The descriptor rank 0 sent over ``link`` (-1 when it offered none)."""
-    size = HEADER.size + _SEGMENT.size
-    # The frame is read straight off the socket, so nothing of it may sit in the link's
-    # buffers (nothing watches the links during set-up; see _create_communicator).
-    assert not link.has_buffered_bytes, "setup frame read ahead"
-    sock = link.connection.socket  # type: ignore[attr-defined]
-    fds: list[int] = []
-    try:
-        try:
-            data, ancillary, flags, _ = await sock.recvmsg(size, socket.CMSG_SPACE(4))
-            for level, kind, payload in ancillary:
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                    usable = len(payload) - len(payload) % 4
-                    fds.extend(array.array("i", payload[:usable]))
-            received = bytearray(data)
-            while data and len(received) < size:
-                data = await sock.recv(size - len(received))
-                received += data
-        except OSError as exc:
-            raise link.peer_failed(
-                spec, f"connection to peer rank {link.peer} broke: {exc}"
-            ) from exc
-        if len(received) < size:
-            raise link.peer_failed(
-                spec,
-                f"connection to peer rank {link.peer} was closed during setup (the peer exited)",
-            )
-        expected = bytearray(HEADER.size)
-        pack_data_header(expected, spec, 2, _SEGMENT.size)
-        if received[: HEADER.size] != expected:
-            raise link.protocol_error(spec, "expected the shared segment's frame during setup")
-        (offered,) = _SEGMENT.unpack_from(received, HEADER.size)
-        if offered and len(fds) == 1 and not flags & socket.MSG_CTRUNC:
-            return fds.pop()
-        return -1
-    finally:
-        for fd in fds:  # all of them, except the one returned
-            os.close(fd)

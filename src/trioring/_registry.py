@@ -9,9 +9,9 @@ from typing import Literal, final
 
 import attrs
 
-from . import _cma, _shm
 from ._config import DEFAULT_SPIN_US, spin_seconds
 from ._errors import ConfigurationError, TransportUnavailable
+from ._onehost import _cma, _shm
 from .transports import MemoryTransport, TcpTransport, Transport, UnixTransport
 
 __all__ = ["Capability", "capabilities", "is_available", "register_transport"]

@@ -48,8 +48,7 @@ from ._setup import (
     send_message,
 )
 from .transports import Connection, Listener, Transport, TransportContext
-from .transports._socket import SocketListener
-from .transports._tcp import format_host_port, parse_host_port
+from .transports._tcp import format_host_port, parse_host_port, tcp_listener
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -157,13 +156,14 @@ async def _reach_rank0(config: Config, transport: Transport, address: str) -> Co
         raise
 
 
-def _inherited_listener(fd: int, address: str) -> Listener:
+def _inherited_listener(fd: int, address: str, peer_timeout: float | None) -> Listener:
     """The launcher's listening socket (it bound the port, so no other job can take it between
     choosing and binding). We use a duplicate, so that the inherited descriptor stays open for
-    the process's next communicator, as socket activation does."""
+    the process's next communicator, as socket activation does. Its connections are tuned
+    like those of a TCP transport's own listener (keepalive included)."""
     sock = trio.socket.from_stdlib_socket(_stdlib_socket.socket(fileno=os.dup(fd)))
     try:
-        host, port = sock.getsockname()[:2]
+        port = sock.getsockname()[1]
         _, expected_port = parse_host_port(address)
         if port != expected_port:
             raise OSError(
@@ -173,7 +173,7 @@ def _inherited_listener(fd: int, address: str) -> Listener:
     except BaseException:
         sock.close()
         raise
-    return SocketListener(sock, format_host_port(host, port))
+    return tcp_listener(sock, peer_timeout=peer_timeout)
 
 
 async def _serve(
@@ -337,7 +337,9 @@ async def connect_world(
         if rank == 0:
             try:
                 if config.listen_fd is not None and not config.rendezvous_over_socket_dir:
-                    rendezvous_listener = _inherited_listener(config.listen_fd, address)
+                    rendezvous_listener = _inherited_listener(
+                        config.listen_fd, address, config.peer_timeout
+                    )
                 else:
                     rendezvous_listener = await rendezvous.listen(address)
             except OSError as exc:

@@ -9,15 +9,11 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from ._communicator import (
-    DEFAULT_CHUNK_BYTES,
-    Communicator,
-    _create_communicator,
-    _require_trio,
-)
+from ._communicator import DEFAULT_CHUNK_BYTES, Communicator
 from ._concurrency import run_concurrently
 from ._config import Config
 from ._errors import ConfigurationError
+from ._opening import create_communicator, require_trio
 from .transports import MemoryTransport, TransportContext
 
 if TYPE_CHECKING:
@@ -57,7 +53,7 @@ async def open_local_world(
     Unlike :func:`trioring.open_communicator`, any number of local worlds may be opened at
     once: they share no addresses.
     """
-    _require_trio("trioring.testing.open_local_world()")
+    require_trio("trioring.testing.open_local_world()")
     if isinstance(world_size, bool) or not isinstance(world_size, int) or world_size < 1:
         raise ConfigurationError(f"world_size must be an int >= 1, got {world_size!r}")
     if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or chunk_bytes < 16:
@@ -79,9 +75,7 @@ async def open_local_world(
                 master_port=1,
                 socket_dir=None,
             )
-            comms[rank] = await _create_communicator(
-                config, make_transport, chunk_bytes=chunk_bytes
-            )
+            comms[rank] = await create_communicator(config, make_transport, chunk_bytes=chunk_bytes)
 
         return open_rank
 

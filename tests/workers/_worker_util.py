@@ -147,14 +147,19 @@ async def _run(reporter: Reporter, scenario: Any, args: list[str]) -> None:
         await scenario(reporter, comm, args)
 
 
-def main(scenarios: dict[str, Any]) -> None:
-    """Run the scenario named by ``sys.argv[1]`` (see the module docstring)."""
-    name, out_dir, index, *args = sys.argv[1:]
-    reporter = Reporter(Path(out_dir), int(index))
+def run_reporting(reporter: Reporter, async_fn: Any, *args: Any) -> None:
+    """``trio.run(async_fn, reporter, *args)``; the report is saved whatever happens, with
+    the traceback of a crash in it."""
     try:
-        trio.run(_run, reporter, scenarios[name], args)
+        trio.run(async_fn, reporter, *args)
     except BaseException:
         reporter.report["crash"] = traceback.format_exc()
         raise
     finally:
         reporter.save()
+
+
+def main(scenarios: dict[str, Any]) -> None:
+    """Run the scenario named by ``sys.argv[1]`` (see the module docstring)."""
+    name, out_dir, index, *args = sys.argv[1:]
+    run_reporting(Reporter(Path(out_dir), int(index)), _run, scenarios[name], args)

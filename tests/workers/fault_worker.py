@@ -623,14 +623,7 @@ async def _run(reporter: Reporter, name: str, args: list[str]) -> None:
 
 def main() -> None:
     name, out_dir, index, *args = sys.argv[1:]
-    reporter = _worker_util.Reporter(Path(out_dir), int(index))
-    try:
-        trio.run(_run, reporter, name, args)
-    except BaseException:
-        reporter.report["crash"] = traceback.format_exc()
-        raise
-    finally:
-        reporter.save()
+    _worker_util.run_reporting(_worker_util.Reporter(Path(out_dir), int(index)), _run, name, args)
 
 
 if __name__ == "__main__":

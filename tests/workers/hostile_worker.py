@@ -36,7 +36,6 @@ import logging
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, final
 
@@ -246,15 +245,10 @@ def main() -> None:
         format="%(created).6f %(levelname)s %(name)s %(message)s",
     )
     trioring.register_transport(ProxiedTcp)
-    reporter = _worker_util.Reporter(Path(out_dir), int(index))
     scenarios = {"run": scenario_run, "recover": scenario_recover}
-    try:
-        trio.run(scenarios[name], reporter, args)
-    except BaseException:
-        reporter.report["crash"] = traceback.format_exc()
-        raise
-    finally:
-        reporter.save()
+    _worker_util.run_reporting(
+        _worker_util.Reporter(Path(out_dir), int(index)), scenarios[name], args
+    )
 
 
 if __name__ == "__main__":

@@ -26,7 +26,6 @@ import contextlib
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -119,14 +118,9 @@ SCENARIOS = {"loop": scenario_loop, "open": scenario_open, "connect": scenario_c
 
 def main() -> None:
     name, out_dir, index, *args = sys.argv[1:]
-    reporter = _worker_util.Reporter(Path(out_dir), int(index))
-    try:
-        trio.run(SCENARIOS[name], reporter, args)
-    except BaseException:
-        reporter.report["crash"] = traceback.format_exc()
-        raise
-    finally:
-        reporter.save()
+    _worker_util.run_reporting(
+        _worker_util.Reporter(Path(out_dir), int(index)), SCENARIOS[name], args
+    )
 
 
 if __name__ == "__main__":

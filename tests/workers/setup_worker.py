@@ -30,7 +30,8 @@ import trio
 from _worker_util import Reporter
 
 import trioring
-from trioring import _communicator, _rendezvous
+from trioring import _rendezvous
+from trioring._onehost import _agree as onehost_agree
 
 OPEN_S = float(os.environ.get("SETUP_OPEN_S", "20"))
 FAULT = os.environ.get("SETUP_FAULT", "")
@@ -57,13 +58,13 @@ def inject(reporter: Reporter) -> None:
 
         _rendezvous.connect_mesh = faulty_mesh  # type: ignore[assignment]
     elif FAULT == "agree-kill":
-        real_agree = _communicator._agree_on_shm
+        real_agree = onehost_agree.agree_on_shm
 
         async def faulty_agree(*args: Any) -> Any:
             await real_agree(*args)
             _die(reporter, "kill")
 
-        _communicator._agree_on_shm = faulty_agree  # type: ignore[assignment]
+        onehost_agree.agree_on_shm = faulty_agree  # type: ignore[assignment]
     elif FAULT:
         raise SystemExit(f"unknown SETUP_FAULT {FAULT!r}")
 

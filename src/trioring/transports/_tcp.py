@@ -13,7 +13,7 @@ from . import _liveness
 from ._abc import Transport
 from ._socket import SocketConnection, SocketListener
 
-__all__ = ["TcpTransport", "format_host_port", "parse_host_port"]
+__all__ = ["TcpTransport", "format_host_port", "parse_host_port", "tcp_listener"]
 
 _LISTEN_BACKLOG = 512
 
@@ -39,6 +39,19 @@ def _tune(sock: trio.socket.SocketType, peer_timeout: float | None) -> None:
     # A host that crashed or a partition sends nothing: without keepalive an idle connection
     # to it never fails (see _liveness for how the timeout is made of the probes).
     _liveness.configure(sock, peer_timeout)
+
+
+def tcp_listener(sock: trio.socket.SocketType, *, peer_timeout: float | None) -> SocketListener:
+    """A listener on ``sock``, a bound and listening TCP socket (ours, or one inherited from
+    the launcher), whose accepted connections are tuned as connected ones are: no Nagle,
+    and keepalive with ``peer_timeout`` (see :mod:`._liveness`)."""
+    host, port = sock.getsockname()[:2]
+    return SocketListener(
+        sock,
+        format_host_port(host, port),
+        configure=functools.partial(_tune, peer_timeout=peer_timeout),
+        peer_timeout=peer_timeout,
+    )
 
 
 @final
@@ -73,14 +86,7 @@ class TcpTransport(Transport):
         except BaseException:
             sock.close()
             raise
-        bound_host, bound_port = sock.getsockname()[:2]
-        timeout = self.context.peer_timeout
-        return SocketListener(
-            sock,
-            format_host_port(bound_host, bound_port),
-            configure=functools.partial(_tune, peer_timeout=timeout),
-            peer_timeout=timeout,
-        )
+        return tcp_listener(sock, peer_timeout=self.context.peer_timeout)
 
     async def connect(self, address: str) -> SocketConnection:
         host, port = parse_host_port(address)

@@ -141,7 +141,7 @@ class SharedSlots:
 
     def mark_broken(self) -> None:
         """Tell peers that this rank gave up: a peer that finds this instead of a sequence
-        number looks for the abort frame on the connection (see _algorithms._shm_wait)."""
+        number looks for the abort frame on the connection (see _shm_collectives._shm_wait)."""
         if not self.closed:
             self.seqs[self.own_word] = BROKEN
 

@@ -1,0 +1,191 @@
+"""The one-host paths' set-up: when a communicator opens over Unix sockets, every rank
+agrees, identically, on which of them its collectives may use (``setup #0``: cross-memory
+attach at offsets 0 and 1, the shared segment at 2 and 3)."""
+
+from __future__ import annotations
+
+import array
+import os
+import socket
+import struct
+from typing import TYPE_CHECKING
+
+import numpy as np
+import trio
+
+from .._framing import HEADER, Kind, Link, OpSpec, pack_data_header
+from . import _cma, _shm
+
+if TYPE_CHECKING:
+    from .._config import Config
+
+__all__ = ["agree_on_cma", "agree_on_paths", "agree_on_shm"]
+
+
+async def agree_on_paths(
+    config: Config, links: dict[int, Link]
+) -> tuple[dict[int, int] | None, _shm.SharedSlots | None]:
+    """Run both agreements: the peers' pids if cross-memory attach is on (else None), and the
+    mapped segment if the shared segment is (else None). Nothing may read ahead on the links
+    meanwhile: the segment's frame is read straight off the socket. On failure nothing is
+    left open."""
+    pids = await agree_on_cma(config, links)
+    return pids, await agree_on_shm(config, links)
+
+
+_OFFER = struct.Struct("<QQQ")  # offered (0/1), address of our cookie, the cookie's value
+
+
+async def agree_on_cma(config: Config, links: dict[int, Link]) -> dict[int, int] | None:
+    """Decide, identically on every rank, whether collectives may use cross-memory attach:
+    only if every rank offers it and every rank could read a cookie from every peer's memory
+    (the kernel's ptrace rules, seccomp and containers decide that, per pair). Two rounds of
+    small frames on every link (``setup #0``). Returns the peers' pids, or None."""
+    spec = OpSpec(Kind.SETUP, 0)
+    offer = config.cma and _cma.unavailable_reason() is None
+    cookie = np.frombuffer(os.urandom(8), dtype=np.uint64).copy()
+    pids = (
+        {peer: _cma.peer_pid(link.connection.socket) for peer, link in links.items()}  # type: ignore[attr-defined]
+        if offer
+        else {}
+    )
+    mine = memoryview(_OFFER.pack(offer, cookie.ctypes.data, int(cookie[0])))
+    for link in links.values():
+        await link.send(spec, 0, mine)
+    readable = offer
+    theirs = bytearray(_OFFER.size)
+    probe = np.zeros(1, dtype=np.uint64)
+    for peer, link in links.items():
+        await link.recv(spec, 0, memoryview(theirs))
+        offered, address, value = _OFFER.unpack(theirs)
+        if not (offered and readable):
+            readable = False
+            continue
+        try:
+            _cma.read_into(pids[peer], address, probe.ctypes.data, 8)
+        except _cma.CmaError:
+            readable = False
+        else:
+            readable = int(probe[0]) == value
+    verdict = memoryview(struct.pack("<Q", readable))
+    for link in links.values():
+        await link.send(spec, 1, verdict)
+    agreed = readable
+    answer = bytearray(8)
+    for link in links.values():
+        await link.recv(spec, 1, memoryview(answer))
+        agreed = agreed and struct.unpack("<Q", answer)[0] == 1
+    # Keep the cookie alive until every peer has read it (they answered after reading).
+    del cookie
+    return pids if agreed else None
+
+
+async def agree_on_shm(config: Config, links: dict[int, Link]) -> _shm.SharedSlots | None:
+    """Decide, identically on every rank, whether small collectives go through a shared
+    segment (see .shm): rank 0 creates it and hands it to every peer over its Unix
+    connection; every rank maps it and says whether that worked; it is used only if it
+    worked everywhere (``setup #0``, offsets 2 and 3). Off without polling
+    (TRIORING_SPIN_US=0, or one CPU): a parked wait on the segment wakes only on a timer."""
+    spec = OpSpec(Kind.SETUP, 0)
+    offer = config.shm and config.spin_seconds > 0 and _shm.unavailable_reason() is None
+    fd = -1
+    slots = None
+    try:
+        if config.rank == 0:
+            if offer:
+                try:
+                    fd = _shm.create_segment(config.world_size)
+                except OSError:
+                    offer = False
+            for link in links.values():
+                await _send_segment(link, spec, fd if offer else -1)
+        else:
+            fd = await _receive_segment(links[0], spec)
+        if offer and fd >= 0:
+            try:
+                slots = _shm.SharedSlots(
+                    fd,
+                    config.rank,
+                    config.world_size,
+                    {peer: link.connection.socket.fileno() for peer, link in links.items()},  # type: ignore[attr-defined]
+                )
+            except (OSError, ValueError):
+                slots = None
+    finally:
+        if fd >= 0:
+            os.close(fd)
+    try:
+        verdict = memoryview(struct.pack("<Q", slots is not None))
+        for link in links.values():
+            await link.send(spec, 3, verdict)
+        agreed = slots is not None
+        answer = bytearray(8)
+        for link in links.values():
+            await link.recv(spec, 3, memoryview(answer))
+            agreed = agreed and struct.unpack("<Q", answer)[0] == 1
+    except BaseException:
+        if slots is not None:
+            slots.close()
+        raise
+    if not agreed and slots is not None:
+        slots.close()
+        slots = None
+    return slots
+
+
+_SEGMENT = struct.Struct("<Q")  # 1 when the frame carries the segment's descriptor
+
+
+async def _send_segment(link: Link, spec: OpSpec, fd: int) -> None:
+    frame = bytearray(HEADER.size + _SEGMENT.size)
+    pack_data_header(frame, spec, 2, _SEGMENT.size)
+    _SEGMENT.pack_into(frame, HEADER.size, fd >= 0)
+    sock = link.connection.socket  # type: ignore[attr-defined]
+    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))] if fd >= 0 else []
+    try:
+        sent = await sock.sendmsg([frame], ancillary)
+        if sent < len(frame):
+            await link.connection.send_all(memoryview(frame)[sent:])
+    except (OSError, trio.BrokenResourceError) as exc:
+        raise link.peer_failed(spec, f"connection to peer rank {link.peer} broke: {exc}") from exc
+
+
+async def _receive_segment(link: Link, spec: OpSpec) -> int:
+    """The descriptor rank 0 sent over ``link`` (-1 when it offered none)."""
+    size = HEADER.size + _SEGMENT.size
+    # The frame is read straight off the socket, so nothing of it may sit in the link's
+    # buffers (nothing watches the links during set-up; see _create_communicator).
+    assert not link.has_buffered_bytes, "setup frame read ahead"
+    sock = link.connection.socket  # type: ignore[attr-defined]
+    fds: list[int] = []
+    try:
+        try:
+            data, ancillary, flags, _ = await sock.recvmsg(size, socket.CMSG_SPACE(4))
+            for level, kind, payload in ancillary:
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+                    usable = len(payload) - len(payload) % 4
+                    fds.extend(array.array("i", payload[:usable]))
+            received = bytearray(data)
+            while data and len(received) < size:
+                data = await sock.recv(size - len(received))
+                received += data
+        except OSError as exc:
+            raise link.peer_failed(
+                spec, f"connection to peer rank {link.peer} broke: {exc}"
+            ) from exc
+        if len(received) < size:
+            raise link.peer_failed(
+                spec,
+                f"connection to peer rank {link.peer} was closed during setup (the peer exited)",
+            )
+        expected = bytearray(HEADER.size)
+        pack_data_header(expected, spec, 2, _SEGMENT.size)
+        if received[: HEADER.size] != expected:
+            raise link.protocol_error(spec, "expected the shared segment's frame during setup")
+        (offered,) = _SEGMENT.unpack_from(received, HEADER.size)
+        if offered and len(fds) == 1 and not flags & socket.MSG_CTRUNC:
+            return fds.pop()
+        return -1
+    finally:
+        for fd in fds:  # all of them, except the one returned
+            os.close(fd)
