@@ -40,7 +40,7 @@ import trio
 import trio.testing
 
 import trioring
-from trioring import _auth, _framing, _rendezvous
+from trioring import _auth, _framing, _rendezvous, _wire
 from trioring.transports import StreamConnection
 
 if TYPE_CHECKING:
@@ -57,36 +57,36 @@ ALLOCATION_SLACK = 1024 * 1024
 # -- seeds: valid messages of each protocol ---------------------------------------------------
 
 
-def frame_specs() -> list[tuple[_framing.OpSpec, int]]:
+def frame_specs() -> list[tuple[_wire.OpSpec, int]]:
     """(spec the receiver expects, element offset) pairs; payload sizes follow the dtype."""
-    kinds = _framing.Kind
+    kinds = _wire.Kind
     return [
-        (_framing.OpSpec(kinds.ALLREDUCE, 1, 10, 4, 1), 0),  # float32[4], sum
-        (_framing.OpSpec(kinds.ALLREDUCE, 7, 11, 3, 5), 2),  # float64 chunk at offset 2
-        (_framing.OpSpec(kinds.BROADCAST, 2, 1, 16, 0, 1), 0),  # int8[16] from root 1
-        (_framing.OpSpec(kinds.BARRIER, 3), 0),  # no payload
-        (_framing.OpSpec(kinds.ALLREDUCE, 2**40, 13, 1, 2), 0),  # complex128, large seq
+        (_wire.OpSpec(kinds.ALLREDUCE, 1, 10, 4, 1), 0),  # float32[4], sum
+        (_wire.OpSpec(kinds.ALLREDUCE, 7, 11, 3, 5), 2),  # float64 chunk at offset 2
+        (_wire.OpSpec(kinds.BROADCAST, 2, 1, 16, 0, 1), 0),  # int8[16] from root 1
+        (_wire.OpSpec(kinds.BARRIER, 3), 0),  # no payload
+        (_wire.OpSpec(kinds.ALLREDUCE, 2**40, 13, 1, 2), 0),  # complex128, large seq
     ]
 
 
-def payload_size(spec: _framing.OpSpec, count_in_frame: int) -> int:
+def payload_size(spec: _wire.OpSpec, count_in_frame: int) -> int:
     if not spec.dtype_code:
         return 0
-    return _framing.DTYPES[spec.dtype_code - 1].itemsize * count_in_frame
+    return _wire.DTYPES[spec.dtype_code - 1].itemsize * count_in_frame
 
 
-def data_frame(spec: _framing.OpSpec, offset: int, payload: bytes) -> bytes:
-    header = bytearray(_framing.HEADER.size)
-    _framing.pack_data_header(header, spec, offset, len(payload))
+def data_frame(spec: _wire.OpSpec, offset: int, payload: bytes) -> bytes:
+    header = bytearray(_wire.HEADER.size)
+    _wire.pack_data_header(header, spec, offset, len(payload))
     return bytes(header) + payload
 
 
 def abort_frame(kind: int, subject: int, seq: int, reason: bytes) -> bytes:
     return (
-        _framing.HEADER.pack(
-            _framing.MAGIC,
-            _framing.VERSION,
-            _framing.FrameType.ABORT,
+        _wire.HEADER.pack(
+            _wire.MAGIC,
+            _wire.VERSION,
+            _wire.FrameType.ABORT,
             kind,
             0,
             0,
@@ -108,7 +108,7 @@ def frame_seeds(rng: random.Random) -> list[bytes]:
     for kind in range(1, 7):
         seeds.append(abort_frame(kind, rng.randrange(4), rng.randrange(9), b"cancelled"))
     seeds.append(abort_frame(1, 2, 5, "rank 2 \u00e9chou\u00e9 \U0001f4a5".encode()))
-    seeds.append(abort_frame(5, 1, 1, b"x" * _framing.MAX_REASON_BYTES))
+    seeds.append(abort_frame(5, 1, 1, b"x" * _wire.MAX_REASON_BYTES))
     return seeds
 
 
@@ -302,8 +302,8 @@ async def run_frame(rng: random.Random, data: bytes, params: dict[str, Any]) -> 
     except trioring.CollectiveError as exc:
         return type(exc).__name__, ALLOCATION_SLACK
     # (The pad bytes are not checked by the decoder, so compare the fields, not the bytes.)
-    expected = _framing.HEADER.unpack(data_frame(spec, offset, b"\0" * size)[:48])
-    if _framing.HEADER.unpack(data[:48]) != expected or bytes(into) != data[48 : 48 + size]:
+    expected = _wire.HEADER.unpack(data_frame(spec, offset, b"\0" * size)[:48])
+    if _wire.HEADER.unpack(data[:48]) != expected or bytes(into) != data[48 : 48 + size]:
         raise Bad(f"recv returned for a frame that is not the expected one: {data[:96].hex()}")
     return "ok", ALLOCATION_SLACK
 

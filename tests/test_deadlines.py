@@ -21,8 +21,9 @@ import trio.testing
 
 import trioring
 from trioring import _algorithms
-from trioring._framing import Kind, Link, OpSpec
+from trioring._framing import Link
 from trioring._onehost import _shm
+from trioring._wire import Kind, OpSpec
 from trioring.testing import open_local_world
 
 if TYPE_CHECKING:

@@ -26,8 +26,9 @@ import trio.testing
 
 import trioring
 from trioring._config import spin_seconds
-from trioring._framing import HEADER, AbortKind, Kind, Link, OpSpec, pack_data_header
+from trioring._framing import Link
 from trioring._onehost import _cma
+from trioring._wire import HEADER, AbortKind, Kind, OpSpec, pack_data_header
 from trioring.transports._socket import SocketConnection
 
 if TYPE_CHECKING:

@@ -331,7 +331,7 @@ async def test_root_mismatch() -> None:
 async def test_stale_barrier_token_never_releases_later_barrier() -> None:
     """A token left over from barrier #1 arrives while rank 1 runs barrier #2: it must be
     refused, not taken as rank 0's arrival at barrier #2."""
-    from trioring._framing import Kind, OpSpec
+    from trioring._wire import Kind, OpSpec
 
     async with open_local_world(2) as comms:
         await run_ranks(comms, lambda c: c.barrier())

@@ -16,8 +16,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import trioring
 from trioring import _auth
 from trioring._config import job_id, resolve
-from trioring._framing import Kind, Link, OpSpec
+from trioring._framing import Link
 from trioring._rendezvous import _BadMessage, _read_message
+from trioring._wire import Kind, OpSpec
 from trioring.transports import StreamConnection
 
 if TYPE_CHECKING:

@@ -18,7 +18,8 @@ import trioring
 from trioring._algorithms import tree_neighbours
 from trioring._communicator import DEFAULT_CHUNK_BYTES
 from trioring._config import resolve
-from trioring._framing import HEADER, Kind, Link, OpSpec
+from trioring._framing import Link
+from trioring._wire import HEADER, Kind, OpSpec
 from trioring.transports import (
     MemoryTransport,
     SocketConnection,

@@ -21,9 +21,10 @@ from ._concurrency import run_concurrently
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterator
 
-    from ._framing import Link, OpSpec
+    from ._framing import Link
     from ._onehost._shm import SharedSlots
     from ._onehost._shm_collectives import ReducePlan
+    from ._wire import OpSpec
 
 __all__ = ["World", "barrier", "broadcast", "ring_allreduce", "tree_neighbours"]
 

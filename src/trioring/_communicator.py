@@ -24,18 +24,10 @@ from ._errors import (
     ProtocolError,
     TrioringError,
 )
-from ._framing import (
-    DTYPE_CODES,
-    NO_ROOT,
-    OP_NAMES,
-    AbortKind,
-    Kind,
-    Link,
-    OpSpec,
-    WaitCount,
-)
+from ._framing import Link, WaitCount
 from ._onehost import _cma_collectives, _shm, _shm_collectives
 from ._util import NoPublicConstructor
+from ._wire import DTYPE_CODES, NO_ROOT, OP_NAMES, AbortKind, Kind, OpSpec
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -578,7 +570,7 @@ class Communicator(metaclass=NoPublicConstructor):
             if self._cancelled is None:
                 return AbortKind.CANCELLED, me, "cancelled", me
             # "cancelled allreduce #22 after 5.0 s while waiting for rank 2": peers make
-            # their message of it (see _framing.abort_error).
+            # their message of it (see _wire.abort_error).
             what, detail = self._cancelled
             return AbortKind.CANCELLED, me, f"cancelled {what}{detail}", me
         relayed = getattr(exc, "_trioring_abort", None)

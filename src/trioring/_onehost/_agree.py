@@ -13,11 +13,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 import trio
 
-from .._framing import HEADER, Kind, Link, OpSpec, pack_data_header
+from .._wire import HEADER, Kind, OpSpec, pack_data_header
 from . import _cma, _shm
 
 if TYPE_CHECKING:
     from .._config import Config
+    from .._framing import Link
 
 __all__ = ["agree_on_cma", "agree_on_paths", "agree_on_shm"]
 

@@ -16,7 +16,8 @@ from . import _cma
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-    from .._framing import Link, OpSpec
+    from .._framing import Link
+    from .._wire import OpSpec
 
 __all__ = ["cma_allreduce", "cma_broadcast"]
 

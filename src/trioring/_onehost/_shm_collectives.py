@@ -11,12 +11,13 @@ import attrs
 import numpy as np
 import trio
 
-from .._framing import SPIN_SLICE_SECONDS, pack_data_header
+from .._framing import SPIN_SLICE_SECONDS
+from .._wire import pack_data_header
 from ._shm import BROKEN
 
 if TYPE_CHECKING:
     from .._algorithms import World
-    from .._framing import OpSpec
+    from .._wire import OpSpec
 
 __all__ = ["SHM_SPIN_SECONDS", "shm_allreduce", "shm_barrier", "shm_broadcast"]
 

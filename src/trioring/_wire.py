@@ -1,0 +1,217 @@
+"""The frames on a data connection: their header, the identity of a collective call
+(:class:`OpSpec`) that every frame carries, and the errors an ABORT frame turns into.
+
+Every frame starts with a fixed 48-byte little-endian header::
+
+    magic "TRNG" | version u8 | frame type u8 | kind u8 | op u8 | dtype u8 | 3 pad bytes
+    root i32 | seq u64 | count u64 | offset u64 | nbytes u64
+
+A DATA frame's header repeats the whole identity of the collective it belongs to (kind,
+sequence number, dtype, element count, reduce op, root), so a receiver checks on every frame
+that its peer runs the same collective, then that the chunk is the one it expects (offset,
+nbytes), and only then lets ``nbytes`` of payload land in the target buffer. An ABORT frame
+carries a reason instead of data: ``kind`` is the abort kind, ``root`` the rank the news is
+about, and the payload (at most ``MAX_REASON_BYTES``) the reason in UTF-8.
+"""
+
+from __future__ import annotations
+
+import enum
+import struct
+from typing import final
+
+import attrs
+import numpy as np
+
+from ._errors import (
+    CollectiveError,
+    CollectiveMismatchError,
+    PeerAbortedError,
+    PeerFailedError,
+    ProtocolError,
+)
+
+MAGIC = b"TRNG"
+VERSION = 1
+HEADER = struct.Struct("<4sBBBBB3xiQQQQ")
+assert HEADER.size == 48
+MAX_REASON_BYTES = 4096
+NO_ROOT = -1
+
+
+class FrameType(enum.IntEnum):
+    DATA = 1
+    ABORT = 2
+
+
+class Kind(enum.IntEnum):
+    ALLREDUCE = 1
+    BROADCAST = 2
+    BARRIER = 3
+    SETUP = 4  # the capability agreement when a communicator opens (seq 0)
+
+    @property
+    def label(self) -> str:
+        return self.name.lower()
+
+
+class AbortKind(enum.IntEnum):
+    """Why a rank broke its communicator; decides what its peers raise."""
+
+    FAILED = 1  # the rank named in the frame failed (connection lost)
+    CANCELLED = 2  # the rank named in the frame was cancelled by its caller
+    MISMATCH = 3  # the rank named in the frame saw mismatched collectives
+    PROTOCOL = 4  # the rank named in the frame received malformed bytes
+    ERROR = 5  # anything else (an exception in the aborting rank)
+
+
+# Wire codes of the supported dtypes; 0 means "no data" (barrier).
+DTYPES: tuple[np.dtype[np.generic], ...] = tuple(
+    np.dtype(name)
+    for name in (
+        "int8",
+        "int16",
+        "int32",
+        "int64",
+        "uint8",
+        "uint16",
+        "uint32",
+        "uint64",
+        "float16",
+        "float32",
+        "float64",
+        "complex64",
+        "complex128",
+    )
+)
+DTYPE_CODES: dict[np.dtype[np.generic], int] = {dt: i + 1 for i, dt in enumerate(DTYPES)}
+# Reduce op codes, index = code - 1; order is part of the wire format.
+OP_NAMES: tuple[str, ...] = ("sum", "mean", "min", "max", "prod")
+
+
+@final
+@attrs.frozen
+class OpSpec:
+    """The identity of one collective call, as every frame of it carries."""
+
+    kind: Kind
+    seq: int
+    dtype_code: int = 0
+    count: int = 0
+    op_code: int = 0
+    root: int = NO_ROOT
+
+    def describe(self) -> str:
+        """``allreduce(sum) float32[1000] #17``, ``broadcast(root=0) ...``, ``barrier #3``."""
+        if self.kind is Kind.BARRIER and not self.dtype_code:
+            return f"barrier #{self.seq}"
+        if self.kind is Kind.ALLREDUCE:
+            op = OP_NAMES[self.op_code - 1] if 0 < self.op_code <= len(OP_NAMES) else "?"
+            head = f"allreduce({op})"
+        elif self.kind is Kind.BROADCAST:
+            head = f"broadcast(root={self.root})"
+        else:
+            head = self.kind.label
+        if 0 < self.dtype_code <= len(DTYPES):
+            dtype = DTYPES[self.dtype_code - 1].name
+        else:
+            dtype = f"dtype#{self.dtype_code}"
+        return f"{head} {dtype}[{self.count}] #{self.seq}"
+
+
+def pack_data_header(
+    buffer: bytearray | memoryview, spec: OpSpec, offset: int, nbytes: int
+) -> None:
+    """Write the header of the DATA frame of ``spec`` carrying ``nbytes`` at element
+    ``offset`` into ``buffer`` (at least ``HEADER.size`` bytes)."""
+    HEADER.pack_into(
+        buffer,
+        0,
+        MAGIC,
+        VERSION,
+        FrameType.DATA,
+        spec.kind,
+        spec.op_code,
+        spec.dtype_code,
+        spec.root,
+        spec.seq,
+        spec.count,
+        offset,
+        nbytes,
+    )
+
+
+def describe_remote(kind: int, seq: int, dtype: int, count: int, op: int, root: int) -> str:
+    try:
+        return OpSpec(Kind(kind), seq, dtype, count, op, root).describe()
+    except ValueError:
+        return f"unknown collective kind {kind} #{seq}"
+
+
+_WHAT_HAPPENED: dict[int, tuple[type[CollectiveError], str]] = {
+    AbortKind.FAILED: (PeerFailedError, "failed"),
+    AbortKind.MISMATCH: (CollectiveMismatchError, "detected mismatched collectives"),
+    AbortKind.PROTOCOL: (ProtocolError, "received malformed data"),
+}
+
+
+def abort_error(
+    rank: int,
+    sender: int,
+    spec: OpSpec,
+    kind: int,
+    subject: int,
+    seq: int,
+    reason: str,
+    reporter: int,
+    job_id: str | None = None,
+) -> CollectiveError:
+    """The exception a rank raises on receiving an abort frame from ``sender``, carrying what
+    to tell its own peers in turn."""
+    where = f"rank {rank}: {spec.kind.label} #{spec.seq}"
+    label = spec.kind.label
+    about_self = subject == rank
+    error: CollectiveError
+    if kind == AbortKind.FAILED and about_self:
+        # The reporter lost its connection to *us* and says so: from here, it is the
+        # reporter whose link failed, not this (live) rank.
+        via = "" if reporter == sender else f" (relayed by rank {sender})"
+        message = f"{where}: rank {reporter} lost its connection to this rank{via}: {reason}"
+        error = PeerFailedError(
+            message, rank=rank, peer=reporter, collective=label, seq=spec.seq, job_id=job_id
+        )
+    elif kind in _WHAT_HAPPENED:
+        cls, what = _WHAT_HAPPENED[kind]
+        via = "" if subject == sender else f" (relayed by rank {sender})"
+        error = cls(
+            f"{where}: rank {subject} {what}{via}: {reason}",
+            rank=rank,
+            peer=subject,
+            collective=label,
+            seq=spec.seq,
+            job_id=job_id,
+        )
+    else:
+        via = "" if subject == sender else f" (relayed by rank {sender})"
+        if kind == AbortKind.CANCELLED and reason.startswith("cancelled "):
+            # The canceller says what it cancelled, after how long and while waiting for
+            # whom (see Communicator._run): "cancelled allreduce #22 after 5.0 s while
+            # waiting for rank 2". ``reason`` stays "cancelled", as for any cancellation.
+            message, short = f"{where}: rank {subject} {reason}{via}", "cancelled"
+        else:
+            verb = "cancelled" if kind == AbortKind.CANCELLED else "aborted"
+            message = f"{where}: rank {subject} {verb} collective #{seq}{via}: {reason}"
+            short = reason
+        error = PeerAbortedError(
+            message,
+            reason=short,
+            rank=rank,
+            peer=subject,
+            collective=label,
+            seq=spec.seq,
+            job_id=job_id,
+        )
+    # Passed on as is, except news of our own failure: that is news of the reporter's link.
+    error._trioring_abort = (kind, reporter if about_self else subject, reason, reporter)
+    error._trioring_about_self = about_self
+    return error
