@@ -8,8 +8,8 @@ Targets, each fed generated or mutated inputs over in-memory Trio streams:
   only for a byte-exact valid frame, whose payload must then be in the buffer;
 - ``handshake``: the server side of the HMAC handshake, :func:`trioring._auth.accept`, which
   may raise only :class:`trioring._auth.HandshakeError` (nobody without the secret passes);
-- ``rendezvous``: the rendezvous message reader, ``trioring._rendezvous._read_message``,
-  which may raise only ``_BadMessage``, and may return only a well-formed message.
+- ``rendezvous``: the rendezvous message reader, ``trioring._setup.read_message``,
+  which may raise only ``BadMessage``, and may return only a well-formed message.
 
 Inputs are random bytes, or valid messages mutated (bit flips, interesting bytes and length
 fields, truncation, insertion, deletion, duplication, splicing, JSON depth bombs and odd
@@ -40,7 +40,7 @@ import trio
 import trio.testing
 
 import trioring
-from trioring import _auth, _framing, _rendezvous, _wire
+from trioring import _auth, _framing, _setup, _wire
 from trioring.transports import StreamConnection
 
 if TYPE_CHECKING:
@@ -142,7 +142,7 @@ def rendezvous_seeds(rng: random.Random) -> list[bytes]:
     seeds = []
     for kind, body in bodies:
         payload = json.dumps(body, separators=(",", ":")).encode()
-        seeds.append(_rendezvous.HEADER.pack(_rendezvous.MAGIC, 1, kind, len(payload)) + payload)
+        seeds.append(_setup.HEADER.pack(_setup.MAGIC, _setup.VERSION, kind, len(payload)) + payload)
     del rng
     return seeds
 
@@ -237,7 +237,7 @@ def mutate(rng: random.Random, data: bytes, seeds: list[bytes]) -> bytes:
 def fix_rendezvous_length(data: bytes) -> bytes:
     """Make the length field of a rendezvous header match the bytes after it, so that a
     mutated body gets parsed instead of stopping at a short read."""
-    size = _rendezvous.HEADER.size
+    size = _setup.HEADER.size
     if len(data) < size:
         return data
     return data[: size - 4] + struct.pack("<I", len(data) - size) + data[size:]
@@ -322,14 +322,14 @@ async def run_rendezvous(
     rng: random.Random, data: bytes, params: dict[str, Any]
 ) -> tuple[str, int]:
     expected = rng.choice(({1}, {2, 3}, {4}, {5}))
-    max_body = rng.choice((_rendezvous._MAX_SMALL_BODY, _rendezvous._MAX_TABLE_BODY))
+    max_body = rng.choice((_setup.MAX_SMALL_BODY, _setup.MAX_TABLE_BODY))
     if rng.random() < 0.5:
         data = fix_rendezvous_length(data)
-    params.update(input=data, call=f"_read_message(expected={expected}, max_body={max_body})")
+    params.update(input=data, call=f"read_message(expected={expected}, max_body={max_body})")
     try:
-        kind, body = await _rendezvous._read_message(connection_for(rng, data), expected, max_body)
-    except _rendezvous._BadMessage:
-        return "_BadMessage", max_body + ALLOCATION_SLACK
+        kind, body = await _setup.read_message(connection_for(rng, data), expected, max_body)
+    except _setup.BadMessage:
+        return "BadMessage", max_body + ALLOCATION_SLACK
     if kind not in expected or not isinstance(body, dict):
         raise Bad(f"returned type {kind} / {type(body).__name__} for {data[:96].hex()}")
     return "ok", max_body + ALLOCATION_SLACK
@@ -391,7 +391,7 @@ async def one(
     except Exception as exc:
         name = type(exc).__name__
         findings.add(f"unexpected {name}", params, example_seed, f"{name}: {exc}"[:300])
-        return f"unexpected {name}", _rendezvous._MAX_TABLE_BODY + ALLOCATION_SLACK, params
+        return f"unexpected {name}", _setup.MAX_TABLE_BODY + ALLOCATION_SLACK, params
     if scope.cancelled_caught:
         findings.add("hang", params, example_seed, f"still running after {hang_s} s")
         return "HANG", ALLOCATION_SLACK, params

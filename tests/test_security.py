@@ -17,7 +17,7 @@ import trioring
 from trioring import _auth
 from trioring._config import job_id, resolve
 from trioring._framing import Link
-from trioring._rendezvous import _BadMessage, _read_message
+from trioring._setup import BadMessage, read_message
 from trioring._wire import Kind, OpSpec
 from trioring.transports import StreamConnection
 
@@ -205,8 +205,8 @@ def test_fuzz_rendezvous_parser(data: bytes, prefix: bytes) -> None:
         a, b = trio.testing.memory_stream_pair()
         await a.send_all(prefix + data)
         await a.aclose()
-        with trio.fail_after(5), pytest.raises(_BadMessage):
-            await _read_message(StreamConnection(b), {1})
+        with trio.fail_after(5), pytest.raises(BadMessage):
+            await read_message(StreamConnection(b), {1})
 
     trio.run(main)
 

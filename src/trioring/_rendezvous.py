@@ -56,10 +56,6 @@ if TYPE_CHECKING:
     from ._config import Config
     from ._framing import Link
 
-# The parser, under the names the security tests fuzz.
-_BadMessage = BadMessage
-_read_message = read_message
-
 logger = logging.getLogger("trioring")
 
 _RETRY_FIRST_DELAY = 0.005
