@@ -9,12 +9,8 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import json
 import os
-import signal
 import socket
-import subprocess
-import sys
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,6 +21,7 @@ import trio
 import trio.testing
 
 import trioring
+from launched import run_reports
 from trioring._config import spin_seconds
 from trioring._framing import Link
 from trioring._onehost import _cma
@@ -43,24 +40,9 @@ SHM_HERE = trioring.is_available("shm")
 def run_stress(
     tmp_path: Path, n: int, *, env: dict[str, str] | None = None, transport: str = "unix"
 ) -> list[dict[str, object]]:
-    args = [sys.executable, "-m", "trioring", "run", "-n", str(n), "--transport", transport]
-    args += ["--no-tag-output", str(WORKER), str(ITERATIONS), str(tmp_path)]
-    process = subprocess.Popen(
-        args,
-        env={**os.environ, **(env or {})},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
+    return run_reports(
+        WORKER, [str(ITERATIONS), str(tmp_path)], tmp_path, n, transport=transport, env=env
     )
-    try:
-        output, _ = process.communicate(timeout=120)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-    assert process.returncode == 0, output
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(n)]
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])

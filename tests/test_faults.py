@@ -38,7 +38,7 @@ import pytest
 
 import trioring
 from trioring._algorithms import tree_neighbours
-from trioring._communicator import SMALL_ALLREDUCE_BYTES
+from trioring._collectives._decision import SMALL_ALLREDUCE_BYTES
 
 if TYPE_CHECKING:
     from pathlib import Path

@@ -30,7 +30,8 @@ import trio.testing
 
 from conftest import free_tcp_port, poll_until
 from trioring import _auth
-from trioring._communicator import DEFAULT_CHUNK_BYTES, SMALL_ALLREDUCE_BYTES
+from trioring._collectives._decision import SMALL_ALLREDUCE_BYTES
+from trioring._communicator import DEFAULT_CHUNK_BYTES
 from trioring.transports import Connection, StreamConnection
 
 if TYPE_CHECKING:

@@ -12,7 +12,7 @@ import trio.testing
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import trioring
-from trioring._communicator import SMALL_ALLREDUCE_BYTES
+from trioring._collectives._decision import SMALL_ALLREDUCE_BYTES
 from trioring.testing import open_local_world
 
 if TYPE_CHECKING:

@@ -5,7 +5,8 @@ arrays across processes, over TCP or Unix sockets."""
 # `trioring.testing.open_local_world` (as the reference shows it). Cheap: they only re-export
 # what the core imports anyway. (_launched: see the end of this file.)
 from . import _launched, testing as testing, transports as transports
-from ._communicator import Communicator as Communicator, ReduceOp as ReduceOp
+from ._collectives._allreduce import ReduceOp as ReduceOp
+from ._communicator import Communicator as Communicator
 from ._errors import (
     CollectiveError as CollectiveError,
     CollectiveMismatchError as CollectiveMismatchError,

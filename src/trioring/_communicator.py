@@ -11,6 +11,8 @@ import numpy as np
 import trio
 
 from . import _algorithms
+from ._collectives import _allreduce, _barrier, _broadcast, _checks, _decision
+from ._collectives._allreduce import ReduceOp
 from ._concurrency import is_cancellation
 from ._errors import (
     CollectiveError,
@@ -25,60 +27,23 @@ from ._errors import (
     TrioringError,
 )
 from ._framing import Link, WaitCount
-from ._onehost import _cma_collectives, _shm, _shm_collectives
 from ._util import NoPublicConstructor
-from ._wire import DTYPE_CODES, NO_ROOT, OP_NAMES, AbortKind, Kind, OpSpec
+from ._wire import DTYPE_CODES, NO_ROOT, AbortKind, Kind, OpSpec
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from .transports import Transport
 
-__all__ = ["Communicator", "ReduceOp"]
+__all__ = ["Communicator"]
 
 #: Bytes per frame of bulk data. Large enough that per-frame costs vanish, small enough that a
 #: ring step streams (and that the reusable scratch buffer stays small).
 DEFAULT_CHUNK_BYTES = 1024 * 1024
-#: Arrays up to this size (and the scratch buffer, DEFAULT_CHUNK_BYTES) are allreduced by
-#: recursive doubling: log2 n exchanges of the whole array, in few messages and no tasks,
-#: which measured faster than the ring below it on 2 to 4 ranks. Larger ones go by the ring
-#: (bandwidth-optimal), unless cross-memory attach takes them (CMA_MIN_BYTES).
-SMALL_ALLREDUCE_BYTES = 1024 * 1024
-#: Arrays above this size are allreduced and broadcast by cross-memory attach, when all ranks
-#: agreed to use it at opening (one host, Unix transport, the kernel allows it): below, the
-#: rounds of notices cost more than the copies they save. Measured on 2 and 4 ranks with the
-#: Unix transport's 1 MiB send buffers, in alternating blocks of one run: at 256 and 512 KiB
-#: the sockets were faster for both collectives (allreduce 369-615 us against 621-960 at
-#: world 4), at 1 MiB the two were even, and from 2 MiB cross-memory attach was 2-3x faster.
-CMA_MIN_BYTES = 512 * 1024
 #: How long a breaking communicator spends telling its peers why, before closing anyway.
 _ABORT_NOTICE_SECONDS = 0.25
 _logger = logging.getLogger("trioring")
 _PAGE = 4096
-
-
-class ReduceOp(enum.StrEnum):
-    """Reduce operations for :meth:`Communicator.allreduce`. Each member equals its string
-    name, so ``op="mean"`` and ``op=ReduceOp.MEAN`` are interchangeable."""
-
-    SUM = "sum"
-    MEAN = "mean"
-    MIN = "min"
-    MAX = "max"
-    PROD = "prod"
-
-
-_UFUNCS: dict[ReduceOp, np.ufunc] = {
-    ReduceOp.SUM: np.add,
-    ReduceOp.MEAN: np.add,
-    ReduceOp.MIN: np.minimum,
-    ReduceOp.MAX: np.maximum,
-    ReduceOp.PROD: np.multiply,
-}
-# A dict finds an op (by name or member) in a fraction of the time ReduceOp(op) takes, which
-# counts next to a 4-byte allreduce's few microseconds.
-_OPS: dict[object, ReduceOp] = {**{op.value: op for op in ReduceOp}, **{op: op for op in ReduceOp}}
-_OP_CODES: dict[ReduceOp, int] = {op: OP_NAMES.index(op.value) + 1 for op in ReduceOp}
 
 
 class _State(enum.Enum):
@@ -162,10 +127,13 @@ class Communicator(metaclass=NoPublicConstructor):
             chunk_bytes=chunk_bytes,
             scratch=_aligned_scratch(chunk_bytes if world_size > 1 else 0),
         )
-        # The shared-memory allreduce needs 2 p arrays' worth of scratch, p the largest power
-        # of two <= world_size (see _onehost._shm_collectives.shm_allreduce).
-        p = 1 << (world_size.bit_length() - 1)
-        self._shm_allreduce_bytes = min(_shm.SHM_MAX_BYTES, self._world.scratch.nbytes // (2 * p))
+        # The decision table's limits that depend on this world, worked out once.
+        self._shm_allreduce_bytes = _allreduce.shm_bytes(self._world)
+        self._small_allreduce_bytes = min(
+            _decision.SMALL_ALLREDUCE_BYTES, self._world.scratch.nbytes
+        )
+        #: Algorithms forced per collective (see _force_algorithm); empty by default.
+        self._forced: dict[str, str] = {}
 
     # -- properties --------------------------------------------------------------------
 
@@ -263,45 +231,31 @@ class Communicator(metaclass=NoPublicConstructor):
                 is broken (see the class docs for cancellation).
         """
         kind = Kind.ALLREDUCE
-        reduce_op = self._check_op(op)
-        flat = self._check_array(array, kind)
-        if reduce_op in (ReduceOp.MIN, ReduceOp.MAX) and flat.dtype.kind == "c":
-            raise self._invalid(
-                kind, f"op {reduce_op.value!r} is not defined for complex dtype {flat.dtype}"
-            )
-        if reduce_op is ReduceOp.MEAN and flat.dtype.kind in "iu":
-            raise self._invalid(
-                kind,
-                f"op 'mean' needs a floating or complex dtype, not {flat.dtype} (the mean of "
-                "integers is not an integer); use 'sum' and divide, or convert first",
-            )
-        ufunc = _UFUNCS[reduce_op]
-
-        divide = reduce_op is ReduceOp.MEAN
-        small = flat.nbytes <= min(SMALL_ALLREDUCE_BYTES, self._world.scratch.nbytes)
-
         world = self._world
-        cma = world.peer_pids is not None and flat.nbytes > CMA_MIN_BYTES
-        shm = world.shm is not None and flat.nbytes <= self._shm_allreduce_bytes
-
-        async def body(op_spec: OpSpec) -> None:
-            if shm:
-                await _shm_collectives.shm_allreduce(world, op_spec, flat, ufunc, divide=divide)
-            elif cma:
-                await _cma_collectives.cma_allreduce(world, op_spec, flat, ufunc, divide=divide)
-            elif small:
-                await _algorithms.recursive_doubling_allreduce(
-                    world, op_spec, flat, ufunc, divide=divide
-                )
-            else:
-                await _algorithms.ring_allreduce(world, op_spec, flat, ufunc, divide=divide)
-
+        try:
+            flat, reduce_op = _allreduce.check(array, op)
+        except _checks.Refused as exc:
+            raise self._invalid(kind, str(exc)) from None
+        nbytes = flat.nbytes
+        name = self._forced.get("allreduce") if self._forced else None
+        if name is None:
+            name = _decision.allreduce(
+                nbytes,
+                self._shm_allreduce_bytes if world.shm is not None else -1,
+                world.peer_pids is not None,
+                self._small_allreduce_bytes,
+            )
+        elif (why := _allreduce.unrunnable(name, world, nbytes)) is not None:
+            raise self._invalid(kind, why)
+        body = _allreduce.body(
+            name, world, flat, _allreduce.UFUNCS[reduce_op], reduce_op is ReduceOp.MEAN
+        )
         await self._run(
             kind,
             body,
             dtype_code=DTYPE_CODES[flat.dtype],
             count=flat.shape[0],
-            op_code=_OP_CODES[reduce_op],
+            op_code=_allreduce.OP_CODES[reduce_op],
         )
 
     async def broadcast(self, array: np.ndarray[Any, Any], *, root: int = 0) -> None:
@@ -325,34 +279,24 @@ class Communicator(metaclass=NoPublicConstructor):
             CollectiveError: see :meth:`allreduce`.
         """
         kind = Kind.BROADCAST
-        if isinstance(root, bool) or not isinstance(root, int | np.integer):
-            raise self._invalid(kind, f"root must be an int rank, got {root!r}")
-        if not 0 <= root < self._world_size:
-            raise self._invalid(
-                kind, f"root {root} is not a rank of this world (0..{self._world_size - 1})"
-            )
-        root = int(root)
-        flat = self._check_array(array, kind)
-
-        async def body(op_spec: OpSpec) -> None:
-            if self._world.shm is not None and flat.nbytes <= _shm.SHM_MAX_BYTES:
-                # Every rank publishes the call's identity there, so this agrees too.
-                await _shm_collectives.shm_broadcast(self._world, op_spec, flat, root)
-                return
-            # Agree first: a dissemination round of tokens carrying this call's identity (root
-            # included) reaches every rank from every rank, so ranks that disagree about the
-            # root find out before any data moves. A tree alone cannot: if the root itself
-            # thinks another rank is the root, nobody would ever send.
-            await _algorithms.barrier(self._world, op_spec)
-            if self._world.peer_pids is not None and flat.nbytes > CMA_MIN_BYTES:
-                await _cma_collectives.cma_broadcast(self._world, op_spec, flat, root)
-            elif flat.nbytes <= self._world.chunk_bytes:
-                await _algorithms.small_broadcast(self._world, op_spec, flat, root)
-            else:
-                await _algorithms.broadcast(self._world, op_spec, flat, root)
-
+        world = self._world
+        try:
+            root = _checks.check_root(root, self._world_size)
+            flat = _checks.check_array(array)
+        except _checks.Refused as exc:
+            raise self._invalid(kind, str(exc)) from None
+        nbytes = flat.nbytes
+        name = self._forced.get("broadcast") if self._forced else None
+        if name is None:
+            name = _decision.broadcast(nbytes, world.shm is not None, world.peer_pids is not None)
+        elif (why := _broadcast.unrunnable(name, world, nbytes)) is not None:
+            raise self._invalid(kind, why)
         await self._run(
-            kind, body, dtype_code=DTYPE_CODES[flat.dtype], count=flat.shape[0], root=root
+            kind,
+            _broadcast.body(name, world, flat, root),
+            dtype_code=DTYPE_CODES[flat.dtype],
+            count=flat.shape[0],
+            root=root,
         )
 
     async def barrier(self) -> None:
@@ -368,14 +312,13 @@ class Communicator(metaclass=NoPublicConstructor):
             CollectiveError: see :meth:`allreduce`.
         """
         kind = Kind.BARRIER
-
-        async def body(op_spec: OpSpec) -> None:
-            if self._world.shm is not None:
-                await _shm_collectives.shm_barrier(self._world, op_spec)
-            else:
-                await _algorithms.barrier(self._world, op_spec)
-
-        await self._run(kind, body)
+        world = self._world
+        name = self._forced.get("barrier") if self._forced else None
+        if name is None:
+            name = _decision.barrier(shm=world.shm is not None)
+        elif (why := _barrier.unrunnable(name, world)) is not None:
+            raise self._invalid(kind, why)
+        await self._run(kind, _barrier.body(name, world))
 
     async def aclose(self) -> None:
         """Close every connection. Idempotent; later calls raise
@@ -402,45 +345,18 @@ class Communicator(metaclass=NoPublicConstructor):
             seq=self._seq + 1,
         )
 
-    def _check_op(self, op: ReduceOp | str) -> ReduceOp:
-        try:
-            return _OPS[op]
-        except (KeyError, TypeError):  # TypeError: unhashable
-            names = ", ".join(repr(o.value) for o in ReduceOp)
-            raise self._invalid(
-                Kind.ALLREDUCE, f"unknown op {op!r}; expected one of {names}"
-            ) from None
-
-    def _check_array(self, array: object, kind: Kind) -> np.ndarray[Any, Any]:
-        # The algorithms work on the raw buffer through a flat view, so only types whose data
-        # *is* that buffer are accepted: an exact ndarray, or a memmap (an ndarray whose
-        # buffer is a mapped file). Any other subclass may mean more than its buffer (a
-        # masked array's mask) or reshape differently (np.matrix stays 2-D, so its element
-        # count would read as 1 and the algorithm would fail half-way, breaking the
-        # communicator): refused before any I/O, with what to pass instead.
-        if type(array) is not np.ndarray and type(array) is not np.memmap:
-            raise self._invalid(kind, _unsupported_array_type(array))
-        dtype = array.dtype
-        if dtype not in DTYPE_CODES:
-            if dtype.names is not None:
-                detail = (
-                    f"structured dtype {dtype} is not supported; reduce or broadcast each "
-                    "field as an array of its own"
-                )
-            elif dtype.byteorder not in "=|" and dtype.newbyteorder("=") in DTYPE_CODES:
-                detail = f"dtype {dtype.str} is not in native byte order; convert with .astype({dtype.name!r})"
-            else:
-                supported = ", ".join(dt.name for dt in DTYPE_CODES)
-                detail = f"dtype {dtype} is not supported; supported dtypes: {supported}"
-            raise self._invalid(kind, detail)
-        flags = array.flags
-        if not flags.c_contiguous:
-            raise self._invalid(
-                kind, "array is not C-contiguous; pass np.ascontiguousarray(a) and copy back"
-            )
-        if not flags.writeable:
-            raise self._invalid(kind, "array is read-only; collectives work in place")
-        return array if array.ndim == 1 else array.reshape(-1)
+    def _force_algorithm(self, collective: str, name: str | None) -> None:
+        """Run every later ``collective`` (``"allreduce"``, ``"broadcast"``, ``"barrier"``)
+        by the algorithm ``name`` of the decision table (see _collectives._decision), or
+        again by the table's choice when ``name`` is None. For tests and experts: it changes
+        the frames on the wire, so every rank must force the same. Unknown names raise
+        ConfigurationError; a call that the forced algorithm cannot run here raises
+        InvalidArgumentError before any I/O."""
+        if name is None:
+            self._forced.pop(collective, None)
+        else:
+            _decision.check_forced(collective, name)
+            self._forced[collective] = name
 
     #: (``"allreduce #22"``, ``" after 5.0 s while waiting for rank 2"``) once a collective
     #: was cancelled (see _run).
@@ -614,27 +530,3 @@ class Communicator(metaclass=NoPublicConstructor):
         for link in self._links.values():
             await trio.aclose_forcefully(link.connection)
         self._transport.close()
-
-
-def _unsupported_array_type(array: object) -> str:
-    """Why ``array``, which is not an exact ndarray or memmap, is refused, and what to pass."""
-    name = f"{type(array).__module__}.{type(array).__qualname__}"
-    if isinstance(array, np.ma.MaskedArray):
-        return (
-            f"{name} is not supported: its mask would be ignored. Reduce the data and the mask "
-            "as two plain arrays, e.g. data = a.filled(0) (a new array; fill with a value that "
-            "is neutral for the op) and mask = np.ma.getmaskarray(a).astype(np.uint8) with "
-            "op='max'"
-        )
-    if isinstance(array, np.matrix):
-        return (
-            f"{name} is not supported: it stays 2-D when flattened. Pass np.asarray(m), a view "
-            "of the same memory, so the result still lands in m"
-        )
-    if isinstance(array, np.ndarray):
-        return (
-            f"{name} is not supported: collectives work on the raw buffer, which only "
-            "numpy.ndarray and numpy.memmap are exactly. If the data is all that matters, "
-            "pass np.asarray(a), a view of the same memory"
-        )
-    return f"expected a numpy.ndarray, got {type(array).__name__}"

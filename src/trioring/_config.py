@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, final
 import attrs
 
 from ._auth import Credentials
+from ._collectives import _decision
 from ._errors import ConfigurationError
 from ._launchers import detect
 from .transports._abc import DEFAULT_PEER_TIMEOUT
@@ -56,6 +57,8 @@ class Config:
     #: Seconds without an answer from a peer's host before its TCP connection fails
     #: (TRIORING_PEER_TIMEOUT); None when turned off.
     peer_timeout: float | None = DEFAULT_PEER_TIMEOUT
+    #: Algorithms forced per collective (TRIORING_ALGORITHM; see _collectives._decision).
+    algorithms: Mapping[str, str] = attrs.field(factory=dict)
 
     @property
     def rendezvous_over_socket_dir(self) -> bool:
@@ -254,6 +257,7 @@ def resolve(
         cma=_flag(env, "TRIORING_CMA", default=True),
         shm=_flag(env, "TRIORING_SHM", default=True),
         peer_timeout=peer_timeout(env),
+        algorithms=_decision.parse_forced(env),
     )
 
 

@@ -77,6 +77,8 @@ async def create_communicator(
         job_id=config.credentials.job_id,
     )
     comm._world.peer_pids = peer_pids
+    for collective, name in config.algorithms.items():
+        comm._force_algorithm(collective, name)
     comm._world.shm = shm
     # Only now: a long wait watches the other links by reading their frames ahead, and the
     # set-up above reads the segment's frame straight off the socket (its descriptor travels

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import trio
 
-from .._algorithms import World, _chunks
+from .._algorithms import World, chunks
 from .._concurrency import run_concurrently
 from . import _cma
 
@@ -115,7 +115,7 @@ async def cma_allreduce(
             link = world.links[peer]
             await link.recv(spec, 0, memoryview(announce))
             addresses[peer] = address = _parse_announce(link, spec, announce, flat.nbytes)
-            for offset, count in _chunks(lo, hi, chunk):
+            for offset, count in chunks(lo, hi, chunk):
                 if not count:
                     continue
                 incoming = scratch[:count]

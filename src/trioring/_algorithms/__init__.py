@@ -1,0 +1,26 @@
+"""The algorithms that the collectives share, one module each: ring (``_ring``), recursive
+doubling (``_recursive_doubling``), binomial tree (``_tree``), dissemination
+(``_dissemination``); their common steps (``_steps``) and :class:`World` (``_world``), which
+the one-host paths in ``trioring._onehost`` share too.
+
+They know peers (:class:`~trioring._framing.Link`) and buffers, never sockets. Each one
+sends and receives concurrently (one task per direction), so that no rank ever waits for its
+own send to finish before it receives: that would deadlock on unbuffered streams and stall on
+full socket buffers. Arrays are processed in chunks of ``chunk_bytes`` so large arrays stream
+through the ring or tree instead of being sent whole at every step.
+"""
+
+from ._dissemination import barrier as barrier
+from ._recursive_doubling import recursive_doubling_allreduce as recursive_doubling_allreduce
+from ._ring import ring_allreduce as ring_allreduce
+from ._steps import bytes_of as bytes_of, chunks as chunks, exchange as exchange
+from ._tree import (
+    broadcast as broadcast,
+    small_broadcast as small_broadcast,
+    tree_neighbours as tree_neighbours,
+)
+from ._world import (
+    World as World,
+    awaited_ranks as awaited_ranks,
+    interrupted_wait as interrupted_wait,
+)

@@ -1,0 +1,123 @@
+"""Allreduce: its ops and their dtype rules, the limits of each algorithm, and the call into
+the one the decision table (or forcing) picked. The contract is
+:meth:`trioring.Communicator.allreduce`'s docstring."""
+
+from __future__ import annotations
+
+import enum
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .. import _algorithms
+from .._onehost import _cma_collectives, _shm, _shm_collectives
+from .._wire import OP_NAMES
+from ._checks import Refused, check_array
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from .._algorithms import World
+    from .._wire import OpSpec
+
+__all__ = ["ReduceOp", "body", "check", "check_op", "shm_bytes", "unrunnable"]
+
+
+class ReduceOp(enum.StrEnum):
+    """Reduce operations for :meth:`Communicator.allreduce`. Each member equals its string
+    name, so ``op="mean"`` and ``op=ReduceOp.MEAN`` are interchangeable."""
+
+    SUM = "sum"
+    MEAN = "mean"
+    MIN = "min"
+    MAX = "max"
+    PROD = "prod"
+
+
+UFUNCS: dict[ReduceOp, np.ufunc] = {
+    ReduceOp.SUM: np.add,
+    ReduceOp.MEAN: np.add,
+    ReduceOp.MIN: np.minimum,
+    ReduceOp.MAX: np.maximum,
+    ReduceOp.PROD: np.multiply,
+}
+# A dict finds an op (by name or member) in a fraction of the time ReduceOp(op) takes, which
+# counts next to a 4-byte allreduce's few microseconds.
+_OPS: dict[object, ReduceOp] = {**{op.value: op for op in ReduceOp}, **{op: op for op in ReduceOp}}
+OP_CODES: dict[ReduceOp, int] = {op: OP_NAMES.index(op.value) + 1 for op in ReduceOp}
+
+
+def check_op(op: object) -> ReduceOp:
+    """``op`` as a ReduceOp, or Refused."""
+    try:
+        return _OPS[op]
+    except (KeyError, TypeError):  # TypeError: unhashable
+        names = ", ".join(repr(o.value) for o in ReduceOp)
+        raise Refused(f"unknown op {op!r}; expected one of {names}") from None
+
+
+def check(array: object, op: object) -> tuple[np.ndarray[Any, Any], ReduceOp]:
+    """``array`` as a flat view and ``op`` as a ReduceOp, or Refused: the op is looked up
+    first, then the array checked, then the op's dtype rules (``"min"``/``"max"`` refuse
+    complex dtypes, ``"mean"`` integer ones). One call, for a 4-byte allreduce's sake."""
+    reduce_op = check_op(op)
+    flat = check_array(array)
+    dtype = flat.dtype
+    if reduce_op in (ReduceOp.MIN, ReduceOp.MAX) and dtype.kind == "c":
+        raise Refused(f"op {reduce_op.value!r} is not defined for complex dtype {dtype}")
+    if reduce_op is ReduceOp.MEAN and dtype.kind in "iu":
+        raise Refused(
+            f"op 'mean' needs a floating or complex dtype, not {dtype} (the mean of "
+            "integers is not an integer); use 'sum' and divide, or convert first"
+        )
+    return flat, reduce_op
+
+
+def shm_bytes(world: World) -> int:
+    """The largest array the shared-memory allreduce takes: it needs 2 p arrays' worth of
+    scratch, p the largest power of two <= world size (see
+    _onehost._shm_collectives.shm_allreduce)."""
+    p = 1 << (world.size.bit_length() - 1)
+    return min(_shm.SHM_MAX_BYTES, world.scratch.nbytes // (2 * p))
+
+
+def unrunnable(name: str, world: World, nbytes: int) -> str | None:
+    """Why the forced algorithm ``name`` cannot allreduce ``nbytes`` here; None if it can."""
+    if name == "shm":
+        if world.shm is None:
+            return "the forced allreduce algorithm 'shm' needs the \"shm\" feature"
+        if nbytes > shm_bytes(world):
+            return (
+                f"the forced allreduce algorithm 'shm' takes arrays of at most "
+                f"{shm_bytes(world)} bytes here, not {nbytes}"
+            )
+    elif name == "cma":
+        if world.peer_pids is None:
+            return "the forced allreduce algorithm 'cma' needs the \"cma\" feature"
+    elif name == "recursive_doubling" and world.size > 1 and nbytes > world.scratch.nbytes:
+        return (
+            "the forced allreduce algorithm 'recursive_doubling' takes arrays of at most "
+            f"chunk_bytes ({world.scratch.nbytes}) bytes, not {nbytes}"
+        )
+    return None
+
+
+def body(
+    name: str, world: World, flat: np.ndarray, ufunc: np.ufunc, divide: bool
+) -> Callable[[OpSpec], Awaitable[None]]:
+    """The Communicator's step that allreduces ``flat`` in place by the algorithm ``name``.
+    (Made here, one closure per call and no coroutine in between, so that a 4-byte allreduce
+    pays nothing for the indirection.)"""
+    if name == "shm":
+        algorithm = _shm_collectives.shm_allreduce
+    elif name == "cma":
+        algorithm = _cma_collectives.cma_allreduce
+    elif name == "recursive_doubling":
+        algorithm = _algorithms.recursive_doubling_allreduce
+    else:
+        algorithm = _algorithms.ring_allreduce
+
+    async def run(spec: OpSpec) -> None:
+        await algorithm(world, spec, flat, ufunc, divide=divide)
+
+    return run

@@ -1,0 +1,63 @@
+"""Broadcast: the limits of each algorithm and the call into the one the decision table (or
+forcing) picked. The contract is :meth:`trioring.Communicator.broadcast`'s docstring."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .. import _algorithms
+from .._onehost import _cma_collectives, _shm, _shm_collectives
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    import numpy as np
+
+    from .._algorithms import World
+    from .._wire import OpSpec
+
+__all__ = ["body", "unrunnable"]
+
+
+def unrunnable(name: str, world: World, nbytes: int) -> str | None:
+    """Why the forced algorithm ``name`` cannot broadcast ``nbytes`` here; None if it can."""
+    if name == "shm":
+        if world.shm is None:
+            return "the forced broadcast algorithm 'shm' needs the \"shm\" feature"
+        if nbytes > _shm.SHM_MAX_BYTES:
+            return (
+                "the forced broadcast algorithm 'shm' takes arrays of at most "
+                f"{_shm.SHM_MAX_BYTES} bytes, not {nbytes}"
+            )
+    elif name == "cma" and world.peer_pids is None:
+        return "the forced broadcast algorithm 'cma' needs the \"cma\" feature"
+    return None
+
+
+def body(
+    name: str, world: World, flat: np.ndarray, root: int
+) -> Callable[[OpSpec], Awaitable[None]]:
+    """The Communicator's step that broadcasts root's ``flat`` by the algorithm ``name``."""
+    if name == "shm":
+
+        async def shm(spec: OpSpec) -> None:
+            # Every rank publishes the call's identity there, so this agrees too.
+            await _shm_collectives.shm_broadcast(world, spec, flat, root)
+
+        return shm
+
+    async def agree_then_copy(spec: OpSpec) -> None:
+        # Agree first: a dissemination round of tokens carrying this call's identity (root
+        # included) reaches every rank from every rank, so ranks that disagree about the
+        # root find out before any data moves. A tree alone cannot: if the root itself
+        # thinks another rank is the root, nobody would ever send.
+        await _algorithms.barrier(world, spec)
+        if name == "cma":
+            await _cma_collectives.cma_broadcast(world, spec, flat, root)
+        elif flat.nbytes <= world.chunk_bytes:
+            # The same frames as the streamed tree (one chunk), without its tasks.
+            await _algorithms.small_broadcast(world, spec, flat, root)
+        else:
+            await _algorithms.broadcast(world, spec, flat, root)
+
+    return agree_then_copy

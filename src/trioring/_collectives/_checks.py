@@ -1,0 +1,80 @@
+"""Checks that every collective makes of its arguments, before any I/O."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .._wire import DTYPE_CODES
+
+__all__ = ["Refused", "check_array", "check_root"]
+
+
+class Refused(Exception):
+    """An argument a collective refuses; the Communicator turns it into an
+    InvalidArgumentError that says which rank and call."""
+
+
+def check_array(array: object) -> np.ndarray[Any, Any]:
+    """``array`` as a flat view, or Refused saying why it cannot take part."""
+    # The algorithms work on the raw buffer through a flat view, so only types whose data
+    # *is* that buffer are accepted: an exact ndarray, or a memmap (an ndarray whose
+    # buffer is a mapped file). Any other subclass may mean more than its buffer (a
+    # masked array's mask) or reshape differently (np.matrix stays 2-D, so its element
+    # count would read as 1 and the algorithm would fail half-way, breaking the
+    # communicator): refused before any I/O, with what to pass instead.
+    if type(array) is not np.ndarray and type(array) is not np.memmap:
+        raise Refused(_unsupported_array_type(array))
+    dtype = array.dtype
+    if dtype not in DTYPE_CODES:
+        if dtype.names is not None:
+            detail = (
+                f"structured dtype {dtype} is not supported; reduce or broadcast each "
+                "field as an array of its own"
+            )
+        elif dtype.byteorder not in "=|" and dtype.newbyteorder("=") in DTYPE_CODES:
+            detail = f"dtype {dtype.str} is not in native byte order; convert with .astype({dtype.name!r})"
+        else:
+            supported = ", ".join(dt.name for dt in DTYPE_CODES)
+            detail = f"dtype {dtype} is not supported; supported dtypes: {supported}"
+        raise Refused(detail)
+    flags = array.flags
+    if not flags.c_contiguous:
+        raise Refused("array is not C-contiguous; pass np.ascontiguousarray(a) and copy back")
+    if not flags.writeable:
+        raise Refused("array is read-only; collectives work in place")
+    return array if array.ndim == 1 else array.reshape(-1)
+
+
+def check_root(root: object, world_size: int) -> int:
+    """``root`` as an int rank of the world, or Refused."""
+    if isinstance(root, bool) or not isinstance(root, int | np.integer):
+        raise Refused(f"root must be an int rank, got {root!r}")
+    if not 0 <= root < world_size:
+        raise Refused(f"root {root} is not a rank of this world (0..{world_size - 1})")
+    return int(root)
+
+
+def _unsupported_array_type(array: object) -> str:
+    """Why ``array``, which is not an exact ndarray or memmap, is refused, and what to pass."""
+    name = f"{type(array).__module__}.{type(array).__qualname__}"
+    if isinstance(array, np.ma.MaskedArray):
+        return (
+            f"{name} is not supported: its mask would be ignored. Reduce the data and the mask "
+            "as two plain arrays, e.g. data = a.filled(0) (a new array; fill with a value that "
+            "is neutral for the op) and mask = np.ma.getmaskarray(a).astype(np.uint8) with "
+            "op='max'"
+        )
+    if isinstance(array, np.matrix):
+        return (
+            f"{name} is not supported: it stays 2-D when flattened. Pass np.asarray(m), a view "
+            "of the same memory, so the result still lands in m"
+        )
+    if isinstance(array, np.ndarray):
+        return (
+            f"{name} is not supported: collectives work on the raw buffer, which only "
+            "numpy.ndarray and numpy.memmap are exactly. If the data is all that matters, "
+            "pass np.asarray(a), a view of the same memory"
+        )
+    return f"expected a numpy.ndarray, got {type(array).__name__}"

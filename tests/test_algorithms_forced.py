@@ -1,0 +1,387 @@
+"""Every algorithm of every collective, forced, at every world size that matters.
+
+The decision table (``trioring._collectives._decision``) picks one algorithm per call; the
+forcing knob (``Communicator._force_algorithm``, ``TRIORING_ALGORITHM``) replaces that
+choice, so that each algorithm runs here at world sizes 1 to 17, 24, 27 and 32, not only
+where the table would pick it. The socket algorithms run in one process over in-memory
+streams (``open_local_world``) with small chunks; the one-host ones (``shm``, ``cma``) need
+real processes on one host, and run under ``trioring run`` (tests/workers/forced_worker.py).
+
+Inputs are integer-valued (from a seeded generator), so every order of operations gives the
+exact result and results can be checked against numpy; every rank's result must also be
+bitwise the same.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pytest
+import trio
+
+import trioring
+from launched import run_reports
+from trioring import _config
+from trioring._collectives import _allreduce, _decision
+from trioring._collectives._decision import CMA_MIN_BYTES, SMALL_ALLREDUCE_BYTES
+from trioring._onehost._shm import SHM_MAX_BYTES
+from trioring.testing import open_local_world
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from trioring import Communicator
+
+WORLDS = [*range(1, 18), 24, 27, 32]
+#: Small chunks, so that modest arrays cross chunk boundaries (and recursive doubling's limit,
+#: the scratch buffer of one chunk, is low).
+CHUNK_BYTES = 64
+SOCKET_ALGORITHMS = {
+    "allreduce": ("recursive_doubling", "ring"),
+    "broadcast": ("tree",),
+    "barrier": ("dissemination",),
+}
+DTYPES = ("float64", "float32", "float16", "int8", "int32", "uint16", "int64", "complex64")
+UFUNCS = {"sum": np.add, "mean": np.add, "min": np.minimum, "max": np.maximum, "prod": np.multiply}
+CMA_HERE = trioring.is_available("cma")
+SHM_HERE = trioring.is_available("shm")
+
+
+def test_every_algorithm_is_covered() -> None:
+    """The socket algorithms here and the one-host ones below are all the table has."""
+    for collective, names in _decision.ALGORITHMS.items():
+        assert set(names) == {*SOCKET_ALGORITHMS[collective], "shm"} | (
+            {"cma"} if collective != "barrier" else set()
+        ), collective
+
+
+def make(seed: int, rank: int, count: int, dtype: np.dtype[Any], op: str) -> np.ndarray[Any, Any]:
+    rng = np.random.default_rng([seed, rank])
+    if op == "prod":
+        # Products of +-1 and 2 are powers of two: exact in every dtype and every order.
+        values = rng.choice(np.array([-1, 1, 2]), count)
+    elif dtype.kind == "u":
+        values = rng.integers(0, 9, count)
+    else:
+        values = rng.integers(-8, 9, count)
+    array = values.astype(dtype)
+    if dtype.kind == "c" and op != "prod":
+        array += 1j * rng.integers(-8, 9, count)
+    return array
+
+
+def ops_for(dtype: np.dtype[Any]) -> tuple[str, ...]:
+    if dtype.kind == "c":
+        return ("sum", "mean", "prod")
+    if dtype.kind in "iu":
+        return ("sum", "min", "max", "prod")
+    return ("sum", "mean", "min", "max", "prod")
+
+
+def fits(collective: str, name: str, nbytes: int, world_size: int) -> bool:
+    return not (
+        collective == "allreduce"
+        and name == "recursive_doubling"
+        and world_size > 1
+        and nbytes > CHUNK_BYTES
+    )
+
+
+async def on_every_rank(
+    comms: list[Communicator], fn: Callable[[Communicator], Awaitable[None]]
+) -> None:
+    async with trio.open_nursery() as nursery:
+        for comm in comms:
+            nursery.start_soon(fn, comm)
+
+
+def force(comms: list[Communicator], collective: str, name: str | None) -> None:
+    for comm in comms:
+        comm._force_algorithm(collective, name)
+
+
+async def check_allreduce(
+    comms: list[Communicator], seed: int, count: int, dtype_name: str, op: str
+) -> None:
+    n = len(comms)
+    dtype = np.dtype(dtype_name)
+    inputs = [make(seed, r, count, dtype, op) for r in range(n)]
+    arrays = [a.copy() for a in inputs]
+
+    async def one(comm: Communicator) -> None:
+        await comm.allreduce(arrays[comm.rank], op=op)
+
+    await on_every_rank(comms, one)
+    with np.errstate(all="ignore"):
+        expected = UFUNCS[op].reduce(np.stack(inputs), axis=0, dtype=dtype)
+        if op == "mean":
+            np.divide(expected, n, out=expected)
+    what = f"allreduce {dtype}[{count}] {op} at world {n}"
+    assert np.array_equal(arrays[0], expected), what
+    assert all(a.tobytes() == arrays[0].tobytes() for a in arrays), what
+
+
+async def check_broadcast(
+    comms: list[Communicator], seed: int, count: int, dtype_name: str, root: int
+) -> None:
+    n = len(comms)
+    dtype = np.dtype(dtype_name)
+    arrays = [make(seed, r, count, dtype, "sum") for r in range(n)]
+    expected = arrays[root].tobytes()
+
+    async def one(comm: Communicator) -> None:
+        await comm.broadcast(arrays[comm.rank], root=root)
+
+    await on_every_rank(comms, one)
+    assert all(a.tobytes() == expected for a in arrays), f"broadcast at world {n} root {root}"
+
+
+async def check_barrier(comms: list[Communicator]) -> None:
+    entered: list[int] = []
+    left_early: list[int] = []
+
+    async def one(comm: Communicator) -> None:
+        entered.append(comm.rank)
+        await comm.barrier()
+        if len(entered) < len(comms):
+            left_early.append(comm.rank)
+
+    await on_every_rank(comms, one)
+    assert left_early == []
+
+
+@pytest.mark.parametrize("world_size", WORLDS)
+async def test_every_algorithm_at_every_world_size(world_size: int) -> None:
+    """Each socket algorithm at two sizes (below the world size, and odd across chunks where
+    the algorithm takes that many), every root for broadcast up to 8 ranks, some after."""
+    n = world_size
+    async with open_local_world(n, chunk_bytes=CHUNK_BYTES) as comms:
+        for name in SOCKET_ALGORITHMS["allreduce"]:
+            force(comms, "allreduce", name)
+            # float32: 16 elements per chunk; 2 chunks and 5 more if the algorithm takes it.
+            for seed, count in enumerate((max(n - 1, 1), 37)):
+                if fits("allreduce", name, count * 4, n):
+                    await check_allreduce(comms, seed, count, "float32", "sum")
+            await check_allreduce(comms, 7, 3, "int16", "max")
+        force(comms, "broadcast", "tree")
+        roots = range(n) if n <= 8 else (0, 1, n // 2, n - 1)
+        for root in roots:
+            await check_broadcast(comms, root, 37 if root % 2 else n, "float64", root)
+        force(comms, "barrier", "dissemination")
+        await check_barrier(comms)
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 5, 8])
+async def test_every_size_dtype_and_op(world_size: int) -> None:
+    """Sizes 0, 1, below the world size, odd, and across one and several chunk boundaries,
+    in every dtype group and op, by every socket algorithm that takes them."""
+    n = world_size
+    async with open_local_world(n, chunk_bytes=CHUNK_BYTES) as comms:
+        for name in SOCKET_ALGORITHMS["allreduce"]:
+            force(comms, "allreduce", name)
+            for d, dtype_name in enumerate(DTYPES):
+                dtype = np.dtype(dtype_name)
+                per_chunk = CHUNK_BYTES // dtype.itemsize
+                counts = (0, 1, n - 1, 2 * n + 1, per_chunk, per_chunk + 1, 3 * per_chunk + 5)
+                ops = ops_for(dtype)
+                for c, count in enumerate(counts):
+                    if fits("allreduce", name, count * dtype.itemsize, n):
+                        op = ops[(c + d) % len(ops)]
+                        await check_allreduce(comms, c, count, dtype_name, op)
+        force(comms, "broadcast", "tree")
+        for c, count in enumerate((0, 1, n - 1, 17, 3 * 8 + 5, 100)):
+            await check_broadcast(comms, c, count, DTYPES[c % len(DTYPES)], c % n)
+
+
+async def test_forced_algorithm_that_cannot_run_raises_before_io() -> None:
+    """No shared segment or cross-memory attach between in-memory ranks, and no array over
+    one chunk for recursive doubling: refused on entry, the communicator still usable."""
+    async with open_local_world(2, chunk_bytes=CHUNK_BYTES) as comms:
+        comm = comms[0]
+        cases: list[tuple[str, str, Callable[[], Awaitable[None]], str]] = [
+            ("allreduce", "shm", lambda: comm.allreduce(np.zeros(1)), '"shm" feature'),
+            ("allreduce", "cma", lambda: comm.allreduce(np.zeros(1)), '"cma" feature'),
+            (
+                "allreduce",
+                "recursive_doubling",
+                lambda: comm.allreduce(np.zeros(9)),
+                r"at most chunk_bytes \(64\) bytes, not 72",
+            ),
+            ("broadcast", "shm", lambda: comm.broadcast(np.zeros(1)), '"shm" feature'),
+            ("broadcast", "cma", lambda: comm.broadcast(np.zeros(1)), '"cma" feature'),
+            ("barrier", "shm", comm.barrier, '"shm" feature'),
+        ]
+        for collective, name, call, message in cases:
+            comm._force_algorithm(collective, name)
+            with pytest.raises(trioring.InvalidArgumentError, match=message) as info:
+                await call()
+            assert info.value.collective == collective
+            assert comm.seq == 0
+            assert not comm.broken
+            comm._force_algorithm(collective, None)
+        # Eight doubles fit one chunk: recursive doubling takes them.
+        force(comms, "allreduce", "recursive_doubling")
+        await check_allreduce(comms, 0, 8, "float64", "sum")
+
+
+async def test_unknown_names_are_configuration_errors() -> None:
+    async with open_local_world(1) as (comm,):
+        with pytest.raises(trioring.ConfigurationError, match="unknown collective 'gather'"):
+            comm._force_algorithm("gather", "tree")
+        with pytest.raises(
+            trioring.ConfigurationError,
+            match="allreduce has no algorithm 'tree'; expected one of shm, cma, "
+            "recursive_doubling, ring",
+        ):
+            comm._force_algorithm("allreduce", "tree")
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ("", {}),
+        (" allreduce=ring ", {"allreduce": "ring"}),
+        (
+            "allreduce=ring, broadcast = tree,barrier=shm",
+            {"allreduce": "ring", "broadcast": "tree", "barrier": "shm"},
+        ),
+    ],
+)
+def test_environment_variable(raw: str, expected: dict[str, str]) -> None:
+    assert _decision.parse_forced({"TRIORING_ALGORITHM": raw}) == expected
+    config = _config.resolve(
+        rank=0,
+        world_size=1,
+        master_addr=None,
+        master_port=None,
+        transport=None,
+        env={"TRIORING_ALGORITHM": raw},
+    )
+    assert dict(config.algorithms) == expected
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ("ring", "expected comma-separated COLLECTIVE=ALGORITHM pairs"),
+        ("allreduce=", "expected comma-separated COLLECTIVE=ALGORITHM pairs"),
+        ("allreduce=ring,", "expected comma-separated COLLECTIVE=ALGORITHM pairs"),
+        ("allreduce=bruck", "allreduce has no algorithm 'bruck'"),
+        ("scan=ring", "unknown collective 'scan'"),
+        ("allreduce=ring,allreduce=shm", "allreduce is forced twice"),
+    ],
+)
+def test_environment_variable_errors(raw: str, message: str) -> None:
+    with pytest.raises(
+        trioring.ConfigurationError, match=f"^TRIORING_ALGORITHM={raw!r}: {message}"
+    ):
+        _decision.parse_forced({"TRIORING_ALGORITHM": raw})
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "shm", "cma", "expected"),
+    [
+        (4, True, True, "shm"),
+        (SHM_MAX_BYTES // 4, True, False, "shm"),
+        (SHM_MAX_BYTES // 4 + 1, True, True, "recursive_doubling"),
+        (4, False, False, "recursive_doubling"),
+        (CMA_MIN_BYTES, False, True, "recursive_doubling"),
+        (CMA_MIN_BYTES + 1, False, True, "cma"),
+        (SMALL_ALLREDUCE_BYTES, False, False, "recursive_doubling"),
+        (SMALL_ALLREDUCE_BYTES + 1, False, False, "ring"),
+        (64 << 20, True, True, "cma"),
+    ],
+)
+def test_allreduce_decision(nbytes: int, shm: bool, cma: bool, expected: str) -> None:
+    # The shared segment's share at world 2..3 of the default scratch: SHM_MAX_BYTES // 4.
+    shm_bytes = SHM_MAX_BYTES // 4 if shm else -1
+    chosen = _decision.allreduce(nbytes, shm_bytes, cma, SMALL_ALLREDUCE_BYTES)
+    assert chosen == expected
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "shm", "cma", "expected"),
+    [
+        (0, True, True, "shm"),
+        (SHM_MAX_BYTES, True, True, "shm"),
+        (SHM_MAX_BYTES + 1, True, True, "tree"),
+        (CMA_MIN_BYTES + 1, True, True, "cma"),
+        (CMA_MIN_BYTES + 1, False, False, "tree"),
+    ],
+)
+def test_broadcast_decision(nbytes: int, shm: bool, cma: bool, expected: str) -> None:
+    assert _decision.broadcast(nbytes, shm, cma) == expected
+
+
+def test_barrier_decision() -> None:
+    assert _decision.barrier(shm=True) == "shm"
+    assert _decision.barrier(shm=False) == "dissemination"
+
+
+@pytest.mark.parametrize(
+    ("world_size", "chunk_bytes", "count", "expected"),
+    [
+        (2, 1024 * 1024, 1, "recursive_doubling"),
+        (5, 1024 * 1024, 1000, "recursive_doubling"),
+        (5, 64, 8, "recursive_doubling"),
+        (5, 64, 9, "ring"),
+        (3, 64 * 1024, 64 * 1024 // 8 + 1, "ring"),
+    ],
+)
+async def test_communicator_follows_the_table(
+    monkeypatch: pytest.MonkeyPatch, world_size: int, chunk_bytes: int, count: int, expected: str
+) -> None:
+    """Unforced, a communicator runs what the table says (float64 arrays)."""
+    chosen: list[str] = []
+    body = _allreduce.body
+
+    def spy(name: str, *args: Any, **kwargs: Any) -> Any:
+        chosen.append(name)
+        return body(name, *args, **kwargs)
+
+    monkeypatch.setattr(_allreduce, "body", spy)
+    async with open_local_world(world_size, chunk_bytes=chunk_bytes) as comms:
+        await check_allreduce(comms, 0, count, "float64", "sum")
+    assert chosen == [expected] * world_size
+
+
+# -- the one-host algorithms, across real processes --------------------------------------------
+
+WORKER = Path(__file__).parent / "workers" / "forced_worker.py"
+
+
+def run_worker(
+    tmp_path: Path, n: int, mode: str, env: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    return run_reports(WORKER, [mode, str(tmp_path)], tmp_path, n, env=env)
+
+
+@pytest.mark.skipif(not (SHM_HERE or CMA_HERE), reason="no one-host path here")
+@pytest.mark.parametrize("world_size", [2, 3, 4])
+def test_one_host_algorithms_forced(tmp_path: Path, world_size: int) -> None:
+    """Every algorithm, shm and cma included, forced at sizes from 0 to 1.2 MB."""
+    for report in run_worker(tmp_path, world_size, "all"):
+        assert report["errors"] == [], report["errors"]
+        calls = report["calls"]
+        if SHM_HERE:
+            assert "shm" in report["features"]
+            for name in ("shm_allreduce", "shm_broadcast", "shm_barrier"):
+                assert calls.get(name, 0) > 0, (name, calls)
+        if CMA_HERE:
+            assert "cma" in report["features"]
+            for name in ("cma_allreduce", "cma_broadcast"):
+                # Forced at small sizes too, where the table would never pick it.
+                assert calls.get(name, 0) >= 6, (name, calls)
+
+
+@pytest.mark.skipif(not (SHM_HERE and CMA_HERE), reason="needs both one-host paths")
+def test_environment_variable_reaches_every_rank(tmp_path: Path) -> None:
+    """TRIORING_ALGORITHM forces cross-memory attach for a 12-byte allreduce and broadcast,
+    and dissemination for the barrier, where the table would pick the shared segment."""
+    env = {"TRIORING_ALGORITHM": "allreduce=cma,broadcast=cma,barrier=dissemination"}
+    for report in run_worker(tmp_path, 3, "env", env):
+        assert report["errors"] == [], report["errors"]
+        # check_allreduce broadcasts its result once more to compare ranks.
+        assert report["calls"] == {"cma_allreduce": 1, "cma_broadcast": 2}, report["calls"]

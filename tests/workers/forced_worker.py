@@ -1,0 +1,153 @@
+"""One rank of tests/test_algorithms_forced.py's real-process tests: every algorithm of every
+collective, forced, over the ``unix`` transport where the one-host paths can run.
+
+``trioring run -n N --transport unix forced_worker.py MODE OUT_DIR``. Modes:
+
+- ``all``: for each collective, each algorithm this world can run (``shm`` and ``cma`` only
+  with their feature) is forced in turn with ``Communicator._force_algorithm`` (in the same
+  order on every rank) and run at several sizes, checked against numpy and bitwise across
+  ranks (by a broadcast of a digest-free copy: rank 0's result, by the ``tree``).
+- ``env``: nothing is forced by the worker; ``TRIORING_ALGORITHM`` (set by the test) must be.
+
+Calls into the one-host algorithms are counted by wrapping them; the report
+(``rank{RANK}.json``) holds the counts, the features and any errors.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import trio
+
+import trioring
+from trioring._collectives import _decision
+from trioring._onehost import _cma_collectives, _shm_collectives
+
+CALLS: dict[str, int] = {}
+
+
+def count_calls(module: Any, name: str) -> None:
+    original = getattr(module, name)
+
+    @functools.wraps(original)
+    async def wrapper(*args: Any, **kwargs: Any) -> None:
+        CALLS[name] = CALLS.get(name, 0) + 1
+        await original(*args, **kwargs)
+
+    setattr(module, name, wrapper)
+
+
+for _name in ("shm_allreduce", "shm_broadcast", "shm_barrier"):
+    count_calls(_shm_collectives, _name)
+for _name in ("cma_allreduce", "cma_broadcast"):
+    count_calls(_cma_collectives, _name)
+
+
+def make(seed: int, rank: int, count: int, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
+    # Integer values: sums are exact whatever the order of operations.
+    return np.random.default_rng([seed, rank]).integers(-8, 9, count).astype(dtype)
+
+
+async def check_allreduce(
+    comm: trioring.Communicator, errors: list[str], seed: int, count: int, dtype: str, op: str
+) -> None:
+    n, rank = comm.world_size, comm.rank
+    dt = np.dtype(dtype)
+    inputs = [make(seed, q, count, dt) for q in range(n)]
+    array = inputs[rank].copy()
+    await comm.allreduce(array, op=op)
+    ufunc = {"sum": np.add, "mean": np.add, "min": np.minimum, "max": np.maximum}[op]
+    expected = ufunc.reduce(np.stack(inputs), axis=0, dtype=dt)
+    if op == "mean":
+        np.divide(expected, n, out=expected)
+    if not np.array_equal(array, expected):
+        errors.append(f"allreduce {dtype}[{count}] {op}: wrong result")
+    mine = array.copy()
+    await comm.broadcast(array, root=0)
+    if array.tobytes() != mine.tobytes():
+        errors.append(f"allreduce {dtype}[{count}] {op}: not bitwise rank 0's")
+
+
+async def check_broadcast(
+    comm: trioring.Communicator, errors: list[str], seed: int, count: int, root: int
+) -> None:
+    dt = np.dtype("float32")
+    expected = make(seed, root, count, dt)
+    array = make(seed, comm.rank, count, dt)
+    await comm.broadcast(array, root=root)
+    if array.tobytes() != expected.tobytes():
+        errors.append(f"broadcast float32[{count}] root {root}: wrong result")
+
+
+async def main(mode: str, out_dir: Path) -> int:
+    errors: list[str] = []
+    with trio.fail_after(120):
+        async with trioring.open_communicator() as comm:
+            n = comm.world_size
+            features = comm.features
+            if mode == "all":
+                sizes = (0, 1, n - 1, 2 * n + 1, 1023, 300_001)
+                for name in _decision.ALGORITHMS["allreduce"]:
+                    if name in ("shm", "cma") and name not in features:
+                        continue
+                    comm._force_algorithm("allreduce", name)
+                    for i, count in enumerate(sizes):
+                        if name == "shm" and count * 8 > comm._shm_allreduce_bytes:
+                            continue
+                        if name == "recursive_doubling" and count * 8 > 1024 * 1024:
+                            continue
+                        await check_allreduce(comm, errors, i, count, "float32", "sum")
+                        await check_allreduce(comm, errors, i, count, "float64", "mean")
+                        await check_allreduce(comm, errors, i, count, "int32", "max")
+                comm._force_algorithm("allreduce", None)
+                for name in _decision.ALGORITHMS["broadcast"]:
+                    if name in ("shm", "cma") and name not in features:
+                        continue
+                    comm._force_algorithm("broadcast", name)
+                    for i, count in enumerate(sizes):
+                        if name == "shm" and count * 4 > 4096:
+                            continue
+                        await check_broadcast(comm, errors, i, count, i % n)
+                for name in _decision.ALGORITHMS["barrier"]:
+                    if name in ("shm", "cma") and name not in features:
+                        continue
+                    comm._force_algorithm("barrier", name)
+                    for _ in range(3):
+                        await comm.barrier()
+                comm._force_algorithm("barrier", None)
+                # Forcing what cannot run this call raises before any I/O, on every rank
+                # alike, and leaves the communicator usable.
+                if "shm" in features:
+                    comm._force_algorithm("allreduce", "shm")
+                    seq = comm.seq
+                    try:
+                        await comm.allreduce(np.zeros(4096, np.float64))
+                    except trioring.InvalidArgumentError:
+                        pass
+                    else:
+                        errors.append("forced shm took an array too large for the segment")
+                    if comm.seq != seq or comm.broken:
+                        errors.append("the refused forced call did I/O")
+                    comm._force_algorithm("allreduce", None)
+                    await check_allreduce(comm, errors, 99, 5, "float32", "sum")
+            else:
+                await check_allreduce(comm, errors, 1, 3, "float32", "sum")
+                await check_broadcast(comm, errors, 2, 3, n - 1)
+                await comm.barrier()
+    report = {
+        "rank": comm.rank,
+        "errors": errors,
+        "features": sorted(features),
+        "calls": CALLS,
+    }
+    (out_dir / f"rank{comm.rank}.json").write_text(json.dumps(report))
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(trio.run(main, sys.argv[1], Path(sys.argv[2])))
