@@ -321,11 +321,64 @@ def dissemination_barrier(n: int = 5) -> str:
     return svg.render()
 
 
+# -- Bruck allgather --------------------------------------------------------------------------
+
+
+def bruck_allgather(n: int = 5) -> str:
+    """``_algorithms.bruck_allgather``: rank r's position j holds rank (r - j) mod n's block;
+    in round k it sends its first min(d, n - d) blocks to rank r + d (d = 2^k), receiving as
+    many from rank r - d at positions d..; last, one copy per block puts them in rank order."""
+    rounds = []
+    d = 1
+    while d < n:
+        rounds.append(d)
+        d *= 2
+    cell_w, cell_h, gap, left, top = 34, 20, 26, 150, 46
+    column_w = cell_w + gap
+    panel_h = n * cell_h + 40
+    width = left + n * column_w + 10
+    height = top + (len(rounds) + 1) * panel_h + 10
+    svg = Svg(width, height, f"Bruck allgather on {n} ranks")
+    for q in range(n):
+        svg.text(left + q * column_w + cell_w // 2, 22, f"rank {q}", bold=True)
+    held = 1
+    for panel in range(len(rounds) + 1):
+        y0 = top + panel * panel_h
+        if panel == 0:
+            title, new = "start", range(0, 1)
+        else:
+            distance = rounds[panel - 1]
+            blocks = min(distance, n - distance)
+            title = f"round {panel - 1}: r \u2192 r + {distance}"
+            new = range(distance, distance + blocks)
+            held = distance + blocks
+        svg.text(left - 8, y0 + 14, title, anchor="end", size=12, bold=True)
+        for q in range(n):
+            x = left + q * column_w
+            for j in range(held):
+                y = y0 + j * cell_h
+                stroke = ACCENT if panel and j in new else MUTED
+                fill = DONE if held == n else PARTIAL
+                svg.rect(x, y, cell_w, cell_h, fill=fill, stroke=stroke)
+                svg.text(x + cell_w // 2, y + 14, str((q - j) % n), size=11, mono=True)
+    legend_y = height - 4
+    svg.rect(left - 8, legend_y - 11, 14, 12, fill="#ffffff", stroke=ACCENT)
+    svg.text(
+        left + 12,
+        legend_y,
+        "received in this round (the rank whose block it is)",
+        size=11,
+        anchor="start",
+    )
+    return svg.render()
+
+
 DIAGRAMS = {
     "ring-allreduce.svg": ring_allreduce,
     "recursive-doubling.svg": recursive_doubling,
     "binomial-tree.svg": binomial_tree,
     "dissemination-barrier.svg": dissemination_barrier,
+    "bruck-allgather.svg": bruck_allgather,
 }
 
 

@@ -11,7 +11,15 @@ import numpy as np
 import trio
 
 from . import _algorithms
-from ._collectives import _allreduce, _barrier, _broadcast, _checks, _decision
+from ._collectives import (
+    _allgather,
+    _allreduce,
+    _barrier,
+    _broadcast,
+    _checks,
+    _decision,
+    _reduce,
+)
 from ._collectives._allreduce import ReduceOp
 from ._concurrency import is_cancellation
 from ._errors import (
@@ -31,7 +39,7 @@ from ._util import NoPublicConstructor
 from ._wire import DTYPE_CODES, NO_ROOT, AbortKind, Kind, OpSpec
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Sequence
 
     from .transports import Transport
 
@@ -319,6 +327,219 @@ class Communicator(metaclass=NoPublicConstructor):
         elif (why := _barrier.unrunnable(name, world)) is not None:
             raise self._invalid(kind, why)
         await self._run(kind, _barrier.body(name, world))
+
+    async def reduce_scatter(
+        self,
+        array: np.ndarray[Any, Any],
+        *,
+        op: ReduceOp | str = "sum",
+        out: np.ndarray[Any, Any] | None = None,
+    ) -> np.ndarray[Any, Any]:
+        """Reduce ``array`` element-wise across all ranks and return this rank's block of
+        the result: block ``rank`` of ``world_size`` equal blocks of the flattened array.
+
+        ``array`` is only read (left unchanged even if the call fails or is cancelled; it
+        must still be writable; after a failure the result's contents are unspecified). Its
+        size must be a multiple of ``world_size``; the result is a **new array** of shape
+        ``array.shape[1:]`` when ``array`` has at least two dimensions and ``world_size``
+        rows (``(n, 1000)`` gives ``(1000,)``), else of shape ``(array.size // world_size,)``
+        (so a 1-D array of ``n * k`` elements gives ``k``). With ``out=``, the result goes
+        there and ``out`` is returned: any shape, the input's dtype, ``array.size //
+        world_size`` elements, C-contiguous, writable, not overlapping ``array``.
+
+        The op is honoured, whichever it is (``"sum"``, ``"mean"``, ``"min"``, ``"max"``,
+        ``"prod"``, with :meth:`allreduce`'s dtype rules). The order of operations is fixed
+        by the world size and the algorithm, never by timing, so two runs give bitwise the
+        same result; by the ring, block ``j`` is reduced as
+        ``x_j op (x_(j-1) op (... op x_(j+1)))`` (ranks mod n). A mean divides the reduction
+        by ``world_size`` once, in the dtype.
+
+        Algorithm: up to ``SMALL_REDUCE_SCATTER_BYTES`` (and one chunk), recursive halving:
+        ``log2 p`` exchanges of halves of the array (p the largest power of two <= n, and two
+        more steps when n is not one), in an order fixed by n (see the algorithms page);
+        scratch: a copy of the array. Above, ring reduce-scatter: n-1 steps, each rank
+        sending and receiving ``(n-1)/n`` of the array, streamed in chunks; scratch: one
+        block and one chunk.
+
+        Raises:
+            InvalidArgumentError: bad array, op or ``out``, or a size that is not a multiple
+                of ``world_size`` (before any I/O; the communicator stays usable).
+            CollectiveError: see :meth:`allreduce`. Ranks that disagree on dtype, size or op
+                raise :class:`~trioring.CollectiveMismatchError`.
+        """
+        kind = Kind.REDUCE_SCATTER
+        try:
+            result, body, identity = _reduce.plan_reduce_scatter(
+                kind.label, self._world, self._forced.get(kind.label), array, op, out
+            )
+        except _checks.Refused as exc:
+            raise self._invalid(kind, str(exc)) from None
+        await self._run(kind, body, **identity)
+        assert result is not None
+        return result
+
+    async def reduce_scatterv(
+        self,
+        array: np.ndarray[Any, Any],
+        *,
+        counts: Sequence[int],
+        op: ReduceOp | str = "sum",
+        out: np.ndarray[Any, Any] | None = None,
+    ) -> np.ndarray[Any, Any]:
+        """:meth:`reduce_scatter` with uneven blocks: rank ``i`` gets the ``counts[i]``
+        elements that start at ``sum(counts[:i])`` of the flattened reduction.
+
+        Every rank passes the same ``counts`` (``world_size`` non-negative ints, zeros
+        allowed, summing to ``array.size``); ranks that pass different ones raise
+        :class:`~trioring.CollectiveMismatchError` (every frame carries a 31-bit CRC-32 of
+        the counts). The result is a **new 1-D array** of ``counts[rank]`` elements, or
+        ``out`` (checked as in :meth:`reduce_scatter`) when given. ``array`` is only read.
+        Order of operations, ops and algorithms as in :meth:`reduce_scatter` (chosen by
+        ``array.size``); the ring's scratch is two buffers of ``max(counts)`` elements and
+        one chunk.
+
+        Raises:
+            InvalidArgumentError: bad array, op, ``counts`` or ``out`` (before any I/O).
+            CollectiveError: see :meth:`allreduce`.
+        """
+        kind = Kind.REDUCE_SCATTERV
+        try:
+            result, body, identity = _reduce.plan_reduce_scatter(
+                kind.label, self._world, self._forced.get(kind.label), array, op, out, counts
+            )
+        except _checks.Refused as exc:
+            raise self._invalid(kind, str(exc)) from None
+        await self._run(kind, body, **identity)
+        assert result is not None
+        return result
+
+    async def reduce(
+        self, array: np.ndarray[Any, Any], *, root: int = 0, op: ReduceOp | str = "sum"
+    ) -> None:
+        """Reduce ``array`` element-wise across all ranks into ``root``'s ``array``, in
+        place there. **Non-root arrays are left unchanged**, even if the call fails or is
+        cancelled (only read; they must still be writable): partial results go through two
+        chunks of scratch, never through the caller's buffer. The root's ``array`` holds the
+        result (its contents are unspecified after a failure).
+
+        Every rank passes the same dtype, element count, op and ``root`` (checked: a
+        disagreement raises :class:`~trioring.CollectiveMismatchError`, never a hang). Ops
+        and their dtype rules are :meth:`allreduce`'s. The order of operations is fixed by
+        the world size and the root, never by timing: in virtual ranks ``v = (rank - root)
+        mod n``, each rank reduces its own array with its children's partial results in the
+        binomial tree, ``((x_v op P_(v+1)) op P_(v+2)) op P_(v+4) ...``; the root divides a
+        mean by ``world_size`` once.
+
+        Algorithm: a dissemination round of tokens carrying the call's identity (as in
+        :meth:`broadcast`), then a binomial tree reduce, chunk by chunk: ``ceil(log2 n)``
+        hops, the root receiving ``ceil(log2 n)`` arrays.
+
+        Raises:
+            InvalidArgumentError: bad array or op, or ``root`` not in ``range(world_size)``.
+            CollectiveError: see :meth:`allreduce`.
+        """
+        kind = Kind.REDUCE
+        try:
+            _, body, identity = _reduce.plan_reduce(
+                self._world, self._forced.get(kind.label), array, op, root
+            )
+        except _checks.Refused as exc:
+            raise self._invalid(kind, str(exc)) from None
+        await self._run(kind, body, **identity)
+
+    async def allgather(
+        self, x: np.ndarray[Any, Any], *, out: np.ndarray[Any, Any] | None = None
+    ) -> np.ndarray[Any, Any]:
+        """Gather every rank's ``x`` on every rank.
+
+        Returns a **new array** of shape ``(world_size, *x.shape)`` whose row ``i`` is rank
+        ``i``'s ``x`` (``x`` itself is only read), or ``out`` when given, filled in rank
+        order. The result is **bitwise identical on every rank**: it is made of copies only.
+        A world of one, and a size of 0, work (and still checkpoint).
+
+        Args:
+            x: C-contiguous ``numpy.ndarray`` (or ``numpy.memmap``) of a supported dtype, of
+                any shape; read-only arrays are fine. Same dtype and element count on every
+                rank (the shape may differ: only the element count is checked).
+            out: optional C-contiguous, writable array of ``x``'s dtype with
+                ``world_size * x.size`` elements, of any shape; rank ``i``'s elements land at
+                ``out.reshape(-1)[i * x.size:(i + 1) * x.size]``. ``x`` may be this rank's
+                block of ``out`` (in place), but must not overlap it otherwise.
+
+        Algorithm: up to ``SMALL_ALLGATHER_BYTES`` gathered in all, Bruck's algorithm
+        (``ceil(log2 n)`` rounds at any world size); above, a ring (``n - 1`` steps,
+        streamed in chunks, bandwidth-optimal). See the algorithms page.
+
+        Raises:
+            InvalidArgumentError: bad ``x`` or ``out`` (before any I/O; the communicator
+                stays usable).
+            CollectiveError: see :meth:`allreduce`; :class:`~trioring.CollectiveMismatchError`
+                when ranks pass different dtypes or element counts.
+        """
+        kind = Kind.ALLGATHER
+        try:
+            flat, result, gathered = _allgather.check(x, out, self._world_size, self._rank)
+        except _checks.Refused as exc:
+            raise self._invalid(kind, str(exc)) from None
+        name = self._forced.get("allgather") if self._forced else None
+        await self._run(
+            kind,
+            _allgather.body(name, self._world, flat, gathered),
+            dtype_code=DTYPE_CODES[flat.dtype],
+            count=flat.shape[0],
+        )
+        return result
+
+    async def allgatherv(
+        self, x: np.ndarray[Any, Any], *, out: np.ndarray[Any, Any] | None = None
+    ) -> list[np.ndarray[Any, Any]]:
+        """Gather every rank's ``x``, whose first dimension may differ between ranks, on
+        every rank.
+
+        Returns a list of ``world_size`` arrays: ``parts[i]`` has rank ``i``'s shape and
+        values (``x`` itself is only read). They are views, in rank order, into one
+        contiguous buffer: a new one, or ``out`` when given (``parts[i]`` is then
+        ``out.reshape(-1)[start_i:start_i + size_i]`` reshaped to rank ``i``'s shape, and
+        the list, not ``out``, is returned). The sizes are found by trioring: the ranks
+        first exchange their row counts (and trailing shapes), then the data. The result is
+        **bitwise identical on every rank**. Any rank may pass zero rows; a world of one
+        works.
+
+        Args:
+            x: C-contiguous ``numpy.ndarray`` (or ``numpy.memmap``) of at least one
+                dimension and a supported dtype; read-only arrays are fine. Same dtype,
+                number of dimensions and trailing shape (``x.shape[1:]``) on every rank;
+                ``x.shape[0]`` may differ.
+            out: optional C-contiguous, writable array of ``x``'s dtype holding exactly the
+                total number of elements of all ranks' ``x``, of any shape, not overlapping
+                ``x``. Its dtype and layout are checked before any I/O; its size only once
+                the counts are known (every rank's capacity travels with its counts).
+
+        Algorithm: as :meth:`allgather`, chosen by the total size once the counts are
+        known; the counts themselves go by Bruck's algorithm.
+
+        Raises:
+            InvalidArgumentError: bad ``x`` or ``out`` (before any I/O; the communicator
+                stays usable).
+            CollectiveError: see :meth:`allreduce`. :class:`~trioring.CollectiveMismatchError`
+                on every rank when ranks pass different dtypes, numbers of dimensions or
+                trailing shapes, or when some rank's ``out`` does not hold the total (the
+                communicator is then broken, as for any mismatch).
+        """
+        kind = Kind.ALLGATHERV
+        try:
+            flat, rows, trailing, gathered = _allgather.check_v(x, out, self._world_size)
+        except _checks.Refused as exc:
+            raise self._invalid(kind, str(exc)) from None
+        name = self._forced.get("allgatherv") if self._forced else None
+        parts: list[np.ndarray[Any, Any]] = []
+        await self._run(
+            kind,
+            _allgather.body_v(name, self._world, flat, rows, trailing, gathered, parts),
+            dtype_code=DTYPE_CODES[flat.dtype],
+            count=len(trailing) + 2,
+        )
+        return parts
 
     async def aclose(self) -> None:
         """Close every connection. Idempotent; later calls raise

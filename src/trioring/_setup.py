@@ -39,6 +39,18 @@ MAX_REASON_JSON = 2048
 #: How long an accepted connection may take to authenticate and say who it is (see
 #: :data:`trioring._auth.HANDSHAKE_SECONDS`).
 HANDSHAKE_SECONDS = _auth.HANDSHAKE_SECONDS
+#: ... at least, and this many seconds per rank of the world if that is more. A large world
+#: on few cores (128 ranks on 2) starves the processes of CPU while they all connect: a
+#: 128-rank set-up once saw a genuine rank's handshake pass 5 s, its connection dropped as a
+#: stranger's, and the world fail. The limit only keeps idle strangers from holding a
+#: listener's slots, and a flood is bounded by eviction anyway (MAX_PENDING_HANDSHAKES).
+HANDSHAKE_SECONDS_PER_RANK = 0.25
+
+
+def handshake_seconds(world_size: int) -> float:
+    """How long an accepted connection of a world of ``world_size`` ranks may take to
+    authenticate and say who it is."""
+    return max(HANDSHAKE_SECONDS, HANDSHAKE_SECONDS_PER_RANK * world_size)
 #: At most this many connections (or twice the world size, if more) may be in their handshake
 #: at once on one listener; beyond that the oldest is dropped, so that a flood of idle
 #: connections cannot exhaust file descriptors, and never a genuine rank.
@@ -178,6 +190,7 @@ class Admission:
         self._config = config
         self._where = where
         self._limit = max(MAX_PENDING_HANDSHAKES, 2 * config.world_size)
+        self._deadline = handshake_seconds(config.world_size)
         self._pending: dict[int, trio.CancelScope] = {}
         self._next = 0
         self._warned_at: float | None = None
@@ -228,7 +241,7 @@ class Admission:
         self._pending[key] = scope
         try:
             with scope:
-                with trio.fail_after(HANDSHAKE_SECONDS):
+                with trio.fail_after(self._deadline):
                     return await handshake()
             self.reject("evicted to make room: too many handshakes in progress")
         except _auth.HandshakeError as exc:

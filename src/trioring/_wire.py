@@ -49,6 +49,11 @@ class Kind(enum.IntEnum):
     BROADCAST = 2
     BARRIER = 3
     SETUP = 4  # the capability agreement when a communicator opens (seq 0)
+    ALLGATHER = 5
+    ALLGATHERV = 6
+    REDUCE_SCATTER = 7
+    REDUCE_SCATTERV = 8
+    REDUCE = 9
 
     @property
     def label(self) -> str:
@@ -108,6 +113,15 @@ class OpSpec:
         if self.kind is Kind.ALLREDUCE:
             op = OP_NAMES[self.op_code - 1] if 0 < self.op_code <= len(OP_NAMES) else "?"
             head = f"allreduce({op})"
+        elif self.kind in (Kind.REDUCE_SCATTER, Kind.REDUCE_SCATTERV, Kind.REDUCE):
+            op = OP_NAMES[self.op_code - 1] if 0 < self.op_code <= len(OP_NAMES) else "?"
+            if self.kind is Kind.REDUCE:
+                head = f"reduce({op}, root={self.root})"
+            elif self.kind is Kind.REDUCE_SCATTERV:
+                # The root field carries a CRC of the counts (see _collectives._reduce).
+                head = f"reduce_scatterv({op}, counts #{self.root:08x})"
+            else:
+                head = f"reduce_scatter({op})"
         elif self.kind is Kind.BROADCAST:
             head = f"broadcast(root={self.root})"
         else:

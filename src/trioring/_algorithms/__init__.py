@@ -10,15 +10,22 @@ full socket buffers. Arrays are processed in chunks of ``chunk_bytes`` so large 
 through the ring or tree instead of being sent whole at every step.
 """
 
+from ._bruck import bruck_allgather as bruck_allgather
 from ._dissemination import barrier as barrier
 from ._recursive_doubling import recursive_doubling_allreduce as recursive_doubling_allreduce
+from ._recursive_halving import (
+    recursive_halving_reduce_scatter as recursive_halving_reduce_scatter,
+)
 from ._ring import ring_allreduce as ring_allreduce
+from ._ring_allgather import ring_allgather as ring_allgather
+from ._ring_reduce_scatter import ring_reduce_scatter as ring_reduce_scatter
 from ._steps import bytes_of as bytes_of, chunks as chunks, exchange as exchange
 from ._tree import (
     broadcast as broadcast,
     small_broadcast as small_broadcast,
     tree_neighbours as tree_neighbours,
 )
+from ._tree_reduce import tree_reduce as tree_reduce
 from ._world import (
     World as World,
     awaited_ranks as awaited_ranks,

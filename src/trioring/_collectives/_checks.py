@@ -16,8 +16,9 @@ class Refused(Exception):
     InvalidArgumentError that says which rank and call."""
 
 
-def check_array(array: object) -> np.ndarray[Any, Any]:
-    """``array`` as a flat view, or Refused saying why it cannot take part."""
+def check_array(array: object, *, writable: bool = True) -> np.ndarray[Any, Any]:
+    """``array`` as a flat view, or Refused saying why it cannot take part. An input that
+    a collective only reads may be read-only (``writable=False``)."""
     # The algorithms work on the raw buffer through a flat view, so only types whose data
     # *is* that buffer are accepted: an exact ndarray, or a memmap (an ndarray whose
     # buffer is a mapped file). Any other subclass may mean more than its buffer (a
@@ -42,7 +43,7 @@ def check_array(array: object) -> np.ndarray[Any, Any]:
     flags = array.flags
     if not flags.c_contiguous:
         raise Refused("array is not C-contiguous; pass np.ascontiguousarray(a) and copy back")
-    if not flags.writeable:
+    if writable and not flags.writeable:
         raise Refused("array is read-only; collectives work in place")
     return array if array.ndim == 1 else array.reshape(-1)
 

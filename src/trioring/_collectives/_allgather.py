@@ -1,0 +1,226 @@
+"""Allgather and allgatherv: their argument checks, the exchange of counts that allgatherv
+starts with, and the call into the algorithm that the decision table (or forcing) picked.
+The contracts are :meth:`trioring.Communicator.allgather`'s and
+:meth:`~trioring.Communicator.allgatherv`'s docstrings.
+
+Frames. An allgather's frames carry the dtype and each rank's element count, so ranks that
+pass different dtypes or counts raise :class:`CollectiveMismatchError` on the first frame.
+An allgatherv runs in two phases under one sequence number: first an allgather (Bruck) of
+one small int64 vector per rank, ``[rows, out= capacity or -1, *trailing shape]``, whose
+frames carry the dtype and that vector's length (so a different dtype or number of
+dimensions is a mismatch of frame identity); then the data, whose frames carry the dtype and
+the total element count, which every rank worked out from the same vectors. Different
+trailing shapes, or an ``out=`` on some rank that does not hold the total, are found by
+every rank in the same vectors, and every rank raises CollectiveMismatchError.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import numpy as np
+
+from .. import _algorithms
+from .._errors import CollectiveMismatchError, ProtocolError
+from ._checks import Refused, check_array
+from ._decision import allgather as decide
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Sequence
+
+    from .._algorithms import World
+    from .._wire import OpSpec
+
+__all__ = ["body", "body_v", "check", "check_v"]
+
+
+def check(
+    x: object, out: object, world_size: int, rank: int
+) -> tuple[np.ndarray[Any, Any], np.ndarray[Any, Any], np.ndarray[Any, Any]]:
+    """(``x`` flat, the array to return, its flat view), or Refused. Without ``out`` the
+    array to return is new, of shape ``(world_size, *x.shape)``."""
+    flat = check_array(x, writable=False)
+    assert isinstance(x, np.ndarray)
+    if out is None:
+        result = np.empty((world_size, *x.shape), dtype=flat.dtype)
+        return flat, result, result.reshape(-1)
+    gathered = _check_out(out, flat)
+    expected = world_size * flat.shape[0]
+    if gathered.shape[0] != expected:
+        raise Refused(
+            f"out= holds {gathered.shape[0]} elements; an allgather of {flat.shape[0]} "
+            f"elements per rank at world size {world_size} needs {expected}"
+        )
+    if np.may_share_memory(flat, gathered) and not _is_block(flat, gathered, rank):
+        raise Refused(
+            "x overlaps out= other than as this rank's block of it (out.reshape(-1)"
+            "[rank * x.size:(rank + 1) * x.size]); pass a copy of x"
+        )
+    assert isinstance(out, np.ndarray)
+    return flat, out, gathered
+
+
+def body(
+    name: str | None, world: World, flat: np.ndarray, gathered: np.ndarray
+) -> Callable[[OpSpec], Awaitable[None]]:
+    """The Communicator's step that gathers every rank's ``flat`` into ``gathered`` (rank
+    i's at ``[i * flat.size, (i + 1) * flat.size)``), by the algorithm ``name`` or by the
+    decision table's choice when it is None."""
+    count = flat.shape[0]
+    bounds = [i * count for i in range(world.size + 1)]
+    if name is None:
+        name = decide(gathered.nbytes)
+    algorithm = _algorithms.bruck_allgather if name == "bruck" else _algorithms.ring_allgather
+
+    async def run(spec: OpSpec) -> None:
+        _place(flat, gathered, bounds, world.rank)
+        await algorithm(world, spec, gathered, bounds)
+
+    return run
+
+
+def check_v(
+    x: object, out: object, world_size: int
+) -> tuple[np.ndarray[Any, Any], int, tuple[int, ...], np.ndarray[Any, Any] | None]:
+    """(``x`` flat, its rows, its trailing shape, ``out`` flat or None), or Refused. In a
+    world of one, ``out``'s size is checked here too (elsewhere only the exchanged counts
+    tell the total)."""
+    flat = check_array(x, writable=False)
+    assert isinstance(x, np.ndarray)
+    if x.ndim == 0:
+        raise Refused("allgatherv needs an array of at least one dimension (its rows vary)")
+    rows, trailing = x.shape[0], tuple(x.shape[1:])
+    if out is None:
+        return flat, rows, trailing, None
+    gathered = _check_out(out, flat)
+    if np.may_share_memory(flat, gathered):
+        raise Refused("x overlaps out=; pass a copy of x")
+    if world_size == 1 and gathered.shape[0] != flat.shape[0]:
+        raise Refused(
+            f"out= holds {gathered.shape[0]} elements; in a world of one the allgatherv "
+            f"gathers x's {flat.shape[0]}"
+        )
+    return flat, rows, trailing, gathered
+
+
+def body_v(
+    name: str | None,
+    world: World,
+    flat: np.ndarray,
+    rows: int,
+    trailing: tuple[int, ...],
+    out: np.ndarray | None,
+    parts: list[np.ndarray],
+) -> Callable[[OpSpec], Awaitable[None]]:
+    """The Communicator's step that exchanges every rank's rows (see the module docstring),
+    then gathers every rank's ``flat`` into ``out`` (or a new buffer) in rank order, and
+    fills ``parts`` with one view of it per rank, shaped ``(rows_i, *trailing)``. The
+    spec's count is the length of that vector, ``len(trailing) + 2``."""
+    n, r = world.size, world.rank
+
+    async def run(spec: OpSpec) -> None:
+        all_rows = [rows] if n == 1 else await _exchange_rows(spec)
+        size = math.prod(trailing)
+        bounds = [0]
+        for peer_rows in all_rows:
+            bounds.append(bounds[-1] + peer_rows * size)
+        gathered = np.empty(bounds[n], dtype=flat.dtype) if out is None else out
+        _place(flat, gathered, bounds, r)
+        chosen = decide(gathered.nbytes) if name is None else name
+        if n > 1:
+            data = attrs.evolve(spec, count=bounds[n])
+            if chosen == "bruck":
+                await _algorithms.bruck_allgather(world, data, gathered, bounds)
+            else:
+                await _algorithms.ring_allgather(world, data, gathered, bounds)
+        parts[:] = [
+            gathered[bounds[i] : bounds[i + 1]].reshape(all_rows[i], *trailing) for i in range(n)
+        ]
+
+    async def _exchange_rows(spec: OpSpec) -> list[int]:
+        """Every rank's rows, once every rank's vector agreed with this one's."""
+        capacity = -1 if out is None else out.shape[0]
+        mine = np.array([rows, capacity, *trailing], dtype=np.int64)
+        m = mine.shape[0]
+        table = np.empty(n * m, dtype=np.int64)
+        table[r * m : (r + 1) * m] = mine
+        await _algorithms.bruck_allgather(world, spec, table, [i * m for i in range(n + 1)])
+        vectors = table.reshape(n, m)
+        me = _describe(spec, flat.dtype, rows, trailing)
+        for peer in range(n):
+            peer_rows, peer_trailing = int(vectors[peer, 0]), tuple(vectors[peer, 2:].tolist())
+            if peer_rows < 0 or vectors[peer, 1] < -1 or min(peer_trailing, default=0) < 0:
+                link = world.links[peer]
+                raise ProtocolError(
+                    f"rank {r}: {spec.kind.label} #{spec.seq}: from peer rank {peer}: "
+                    f"impossible counts {vectors[peer].tolist()}",
+                    rank=r,
+                    peer=peer,
+                    job_id=link.job_id,
+                    collective=spec.kind.label,
+                    seq=spec.seq,
+                )
+            if peer_trailing != trailing:
+                raise _mismatch(
+                    world,
+                    spec,
+                    peer,
+                    f"{me}, rank {peer}: {_describe(spec, flat.dtype, peer_rows, peer_trailing)}",
+                )
+        all_rows = [int(v) for v in vectors[:, 0]]
+        total = sum(all_rows) * math.prod(trailing)
+        for peer in range(n):
+            capacity = int(vectors[peer, 1])
+            if capacity not in (-1, total):
+                raise _mismatch(
+                    world,
+                    spec,
+                    peer,
+                    f"{me} (the ranks' arrays hold {total} elements in all), rank {peer}: "
+                    f"out= holds {capacity} elements",
+                )
+        return all_rows
+
+    return run
+
+
+def _describe(spec: OpSpec, dtype: np.dtype, rows: int, trailing: tuple[int, ...]) -> str:
+    shape = ", ".join(str(d) for d in (rows, *trailing))
+    return f"{spec.kind.label} {dtype.name}[{shape}] #{spec.seq}"
+
+
+def _mismatch(world: World, spec: OpSpec, peer: int, detail: str) -> CollectiveMismatchError:
+    return CollectiveMismatchError(
+        f"rank {world.rank}: {detail}",
+        rank=world.rank,
+        peer=peer,
+        job_id=next(iter(world.links.values())).job_id,
+        collective=spec.kind.label,
+        seq=spec.seq,
+    )
+
+
+def _check_out(out: object, flat: np.ndarray) -> np.ndarray[Any, Any]:
+    try:
+        gathered = check_array(out)
+    except Refused as exc:
+        raise Refused(f"out=: {exc}") from None
+    if gathered.dtype != flat.dtype:
+        raise Refused(f"out= has dtype {gathered.dtype}, x has {flat.dtype}; they must agree")
+    return gathered
+
+
+def _is_block(flat: np.ndarray, gathered: np.ndarray, rank: int) -> bool:
+    """Whether ``flat`` is exactly rank ``rank``'s block of ``gathered`` (in place)."""
+    count = flat.shape[0]
+    block = gathered[rank * count : (rank + 1) * count]
+    return bool(flat.ctypes.data == block.ctypes.data)
+
+
+def _place(flat: np.ndarray, gathered: np.ndarray, bounds: Sequence[int], rank: int) -> None:
+    """This rank's own block into ``gathered``, unless it is there already (in place)."""
+    block = gathered[bounds[rank] : bounds[rank + 1]]
+    if block.shape[0] and flat.ctypes.data != block.ctypes.data:
+        block[:] = flat

@@ -1,0 +1,124 @@
+"""One rank of tests/test_reduce.py's real-process tests.
+
+``trioring run -n N --transport T reduce_worker.py MODE OUT_DIR [ARGS]``. Modes:
+
+- ``check``: reduce_scatter, reduce_scatterv and reduce at several sizes and ops, checked
+  against numpy (inputs integer-valued, so exact in any order); the report
+  (``rank{RANK}.json``) lists any errors.
+- ``kill COLLECTIVE VICTIM``: every rank runs COLLECTIVE (``reduce_scatter`` or ``reduce``,
+  root 0) on 16 MiB of float32 (1 MiB chunks); rank VICTIM SIGKILLs itself at its third
+  reduction of a chunk, in the middle of the call. Survivors report what they raised and
+  how long after the victim's death, measured from the call's start. They ignore SIGTERM,
+  so that the launcher's teardown after the victim's death does not race their report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import trio
+
+import trioring
+from trioring import _algorithms
+
+UFUNCS = {"sum": np.add, "min": np.minimum, "max": np.maximum, "prod": np.multiply}
+
+
+def make(seed: int, rank: int, count: int, dtype: str) -> np.ndarray[Any, Any]:
+    return np.random.default_rng([seed, rank]).integers(-3, 4, count).astype(dtype)
+
+
+async def check(comm: trioring.Communicator, errors: list[str]) -> None:
+    n, r = comm.world_size, comm.rank
+    for seed, (block, dtype, op) in enumerate(
+        [
+            (0, "float32", "sum"),
+            (1, "int32", "max"),
+            (333, "float64", "min"),
+            (70_001, "int64", "sum"),
+        ]
+    ):
+        inputs = [make(seed, q, n * block, dtype) for q in range(n)]
+        expected = UFUNCS[op].reduce(np.stack(inputs), axis=0)
+        mine = await comm.reduce_scatter(inputs[r].reshape(n, block), op=op)
+        if not np.array_equal(mine, expected[r * block : (r + 1) * block]):
+            errors.append(f"reduce_scatter {dtype}[{n}x{block}] {op}: wrong result")
+        counts = [(block + 3 * q) % (block + 2) for q in range(n)]
+        total = sum(counts)
+        inputs = [make(seed, q, total, dtype) for q in range(n)]
+        expected = UFUNCS[op].reduce(np.stack(inputs), axis=0)
+        mine = await comm.reduce_scatterv(inputs[r], counts=counts, op=op)
+        start = sum(counts[:r])
+        if not np.array_equal(mine, expected[start : start + counts[r]]):
+            errors.append(f"reduce_scatterv {dtype}{counts} {op}: wrong result")
+        for root in (0, n - 1):
+            inputs = [make(seed, q, n * block + 1, dtype) for q in range(n)]
+            y = inputs[r].copy()
+            await comm.reduce(y, root=root, op=op)
+            want = UFUNCS[op].reduce(np.stack(inputs), axis=0) if r == root else inputs[r]
+            if not np.array_equal(y, want):
+                errors.append(f"reduce {dtype}[{y.size}] {op} root {root}: wrong on rank {r}")
+
+
+def kill_at_third_reduction(function_name: str) -> None:
+    original = getattr(_algorithms, function_name)
+    calls = [0]
+
+    def counting(a: Any, b: Any, out: Any) -> Any:
+        calls[0] += 1
+        if calls[0] == 3:
+            os.kill(os.getpid(), signal.SIGKILL)
+        return np.add(a, b, out=out)
+
+    async def wrapper(*args: Any, **kwargs: Any) -> None:
+        args_list = list(args)
+        index = 5 if function_name == "ring_reduce_scatter" else 4  # the ufunc
+        args_list[index] = counting
+        await original(*args_list, **kwargs)
+
+    setattr(_algorithms, function_name, wrapper)
+
+
+async def main(mode: str, out_dir: Path, args: list[str]) -> int:
+    errors: list[str] = []
+    report: dict[str, Any] = {"errors": errors}
+    if mode == "kill":
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with trio.fail_after(60):
+        async with trioring.open_communicator() as comm:
+            rank = comm.rank
+            if mode == "check":
+                await check(comm, errors)
+            else:
+                collective, victim = args[0], int(args[1])
+                if rank == victim:
+                    kill_at_third_reduction(
+                        "ring_reduce_scatter" if collective == "reduce_scatter" else "tree_reduce"
+                    )
+                x = np.ones(4 * 1024 * 1024, np.float32)
+                await comm.barrier()
+                started = time.monotonic()
+                try:
+                    if collective == "reduce_scatter":
+                        await comm.reduce_scatter(x)
+                    else:
+                        await comm.reduce(x, root=0)
+                except trioring.CollectiveError as exc:
+                    report["error"] = type(exc).__name__
+                    report["message"] = str(exc)
+                else:
+                    report["error"] = None
+                report["elapsed"] = time.monotonic() - started
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(report))
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(trio.run(main, sys.argv[1], Path(sys.argv[2]), sys.argv[3:]))
