@@ -51,6 +51,8 @@ def handshake_seconds(world_size: int) -> float:
     """How long an accepted connection of a world of ``world_size`` ranks may take to
     authenticate and say who it is."""
     return max(HANDSHAKE_SECONDS, HANDSHAKE_SECONDS_PER_RANK * world_size)
+
+
 #: At most this many connections (or twice the world size, if more) may be in their handshake
 #: at once on one listener; beyond that the oldest is dropped, so that a flood of idle
 #: connections cannot exhaust file descriptors, and never a genuine rank.
