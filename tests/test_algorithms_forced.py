@@ -208,8 +208,8 @@ async def test_forced_algorithm_that_cannot_run_raises_before_io() -> None:
 
 async def test_unknown_names_are_configuration_errors() -> None:
     async with open_local_world(1) as (comm,):
-        with pytest.raises(trioring.ConfigurationError, match="unknown collective 'gather'"):
-            comm._force_algorithm("gather", "tree")
+        with pytest.raises(trioring.ConfigurationError, match="unknown collective 'gossip'"):
+            comm._force_algorithm("gossip", "tree")
         with pytest.raises(
             trioring.ConfigurationError,
             match="allreduce has no algorithm 'tree'; expected one of shm, cma, "

@@ -369,7 +369,8 @@ async def test_skipped_collective_is_a_mismatch() -> None:
         (lambda c: c.allreduce([1.0, 2.0]), "expected a numpy.ndarray, got list"),
         (lambda c: c.allreduce(np.zeros((4, 4), np.float32)[:, 1]), "not C-contiguous"),
         (lambda c: c.allreduce(np.zeros(3, object)), "dtype object is not supported"),
-        (lambda c: c.allreduce(np.zeros(3, bool)), "dtype bool is not supported"),
+        (lambda c: c.allreduce(np.zeros(3, bool)), "not defined for dtype bool"),
+        (lambda c: c.allreduce(np.zeros(3), op="bxor"), "needs an integer or bool dtype"),
         (lambda c: c.allreduce(np.zeros(3, ">f4")), "not in native byte order"),
         (
             lambda c: c.allreduce(np.zeros(3, np.complex64), op="min"),

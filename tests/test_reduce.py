@@ -378,7 +378,7 @@ async def test_shapes_and_out() -> None:
         (lambda c: c.reduce_scatter(np.zeros(6), out=np.zeros(2, np.float32)), "dtype float32"),
         (lambda c: c.reduce_scatter(np.zeros(6), out=np.zeros(3)), "has 3 elements"),
         (lambda c: c.reduce_scatter(np.zeros(6), out=np.zeros(4)[::2]), "not C-contiguous"),
-        (lambda c: c.reduce_scatter(np.zeros(6), out=[0.0, 0.0]), "out must be a numpy"),
+        (lambda c: c.reduce_scatter(np.zeros(6), out=[0.0, 0.0]), "out=: expected a numpy.ndarray"),
         (lambda c: c.reduce_scatter(np.zeros(6)[::2].copy()[::-1]), "not C-contiguous"),
         (lambda c: c.reduce_scatterv(np.zeros(4), counts=[1, 1]), "counts has 2 entries"),
         (lambda c: c.reduce_scatterv(np.zeros(4), counts=[1, 1, 1]), "counts sum to 3"),
@@ -406,7 +406,10 @@ async def test_read_only_and_overlapping_out_are_refused() -> None:
         read_only = np.zeros(3)
         read_only.setflags(write=False)
         x = np.zeros(6)
-        for out, message in ((read_only, "out is read-only"), (x[:3], "overlaps the input")):
+        for out, message in (
+            (read_only, "out=: array is read-only"),
+            (x[:3], "overlaps the input"),
+        ):
             with pytest.raises(trioring.InvalidArgumentError, match=message):
                 await comm.reduce_scatter(x, out=out)
         assert comm.seq == 0

@@ -54,6 +54,14 @@ class Kind(enum.IntEnum):
     REDUCE_SCATTER = 7
     REDUCE_SCATTERV = 8
     REDUCE = 9
+    GATHER = 10
+    GATHERV = 11
+    SCATTER = 12
+    SCATTERV = 13
+    ALLTOALL = 14
+    ALLTOALLV = 15
+    SCAN = 16
+    EXSCAN = 17
 
     @property
     def label(self) -> str:
@@ -87,11 +95,15 @@ DTYPES: tuple[np.dtype[np.generic], ...] = tuple(
         "float64",
         "complex64",
         "complex128",
+        "bool",
     )
 )
 DTYPE_CODES: dict[np.dtype[np.generic], int] = {dt: i + 1 for i, dt in enumerate(DTYPES)}
 # Reduce op codes, index = code - 1; order is part of the wire format.
-OP_NAMES: tuple[str, ...] = ("sum", "mean", "min", "max", "prod")
+OP_NAMES: tuple[str, ...] = ("sum", "mean", "min", "max", "prod", "band", "bor", "bxor")
+#: The kinds whose frames carry a reduce op, and those whose frames carry a root.
+_WITH_OP = frozenset(("allreduce", "reduce_scatter", "reduce", "scan", "exscan"))
+_WITH_ROOT = frozenset(("broadcast", "reduce", "gather", "gatherv", "scatter", "scatterv"))
 
 
 @final
@@ -110,22 +122,16 @@ class OpSpec:
         """``allreduce(sum) float32[1000] #17``, ``broadcast(root=0) ...``, ``barrier #3``."""
         if self.kind is Kind.BARRIER and not self.dtype_code:
             return f"barrier #{self.seq}"
-        if self.kind is Kind.ALLREDUCE:
-            op = OP_NAMES[self.op_code - 1] if 0 < self.op_code <= len(OP_NAMES) else "?"
-            head = f"allreduce({op})"
-        elif self.kind in (Kind.REDUCE_SCATTER, Kind.REDUCE_SCATTERV, Kind.REDUCE):
-            op = OP_NAMES[self.op_code - 1] if 0 < self.op_code <= len(OP_NAMES) else "?"
-            if self.kind is Kind.REDUCE:
-                head = f"reduce({op}, root={self.root})"
-            elif self.kind is Kind.REDUCE_SCATTERV:
-                # The root field carries a CRC of the counts (see _collectives._reduce).
-                head = f"reduce_scatterv({op}, counts #{self.root:08x})"
-            else:
-                head = f"reduce_scatter({op})"
-        elif self.kind is Kind.BROADCAST:
-            head = f"broadcast(root={self.root})"
-        else:
-            head = self.kind.label
+        label = self.kind.label
+        args = []
+        if label in _WITH_OP or self.kind is Kind.REDUCE_SCATTERV:
+            args.append(OP_NAMES[self.op_code - 1] if 0 < self.op_code <= len(OP_NAMES) else "?")
+        if label in _WITH_ROOT:
+            args.append(f"root={self.root}")
+        elif self.kind is Kind.REDUCE_SCATTERV:
+            # The root field carries a CRC of the counts (see _collectives._reduce).
+            args.append(f"counts #{self.root:08x}")
+        head = f"{label}({', '.join(args)})" if args else label
         if 0 < self.dtype_code <= len(DTYPES):
             dtype = DTYPES[self.dtype_code - 1].name
         else:

@@ -24,7 +24,7 @@ import numpy as np
 
 from .. import _algorithms
 from .._errors import CollectiveMismatchError, ProtocolError
-from ._checks import Refused, check_array
+from ._checks import Refused, check_array, check_out
 from ._decision import allgather as decide
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ def check(
     if out is None:
         result = np.empty((world_size, *x.shape), dtype=flat.dtype)
         return flat, result, result.reshape(-1)
-    gathered = _check_out(out, flat)
+    gathered = check_out(out, flat.dtype, None)
     expected = world_size * flat.shape[0]
     if gathered.shape[0] != expected:
         raise Refused(
@@ -94,7 +94,7 @@ def check_v(
     rows, trailing = x.shape[0], tuple(x.shape[1:])
     if out is None:
         return flat, rows, trailing, None
-    gathered = _check_out(out, flat)
+    gathered = check_out(out, flat.dtype, None)
     if np.may_share_memory(flat, gathered):
         raise Refused("x overlaps out=; pass a copy of x")
     if world_size == 1 and gathered.shape[0] != flat.shape[0]:
@@ -200,16 +200,6 @@ def _mismatch(world: World, spec: OpSpec, peer: int, detail: str) -> CollectiveM
         collective=spec.kind.label,
         seq=spec.seq,
     )
-
-
-def _check_out(out: object, flat: np.ndarray) -> np.ndarray[Any, Any]:
-    try:
-        gathered = check_array(out)
-    except Refused as exc:
-        raise Refused(f"out=: {exc}") from None
-    if gathered.dtype != flat.dtype:
-        raise Refused(f"out= has dtype {gathered.dtype}, x has {flat.dtype}; they must agree")
-    return gathered
 
 
 def _is_block(flat: np.ndarray, gathered: np.ndarray, rank: int) -> bool:

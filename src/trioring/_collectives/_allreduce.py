@@ -32,6 +32,9 @@ class ReduceOp(enum.StrEnum):
     MIN = "min"
     MAX = "max"
     PROD = "prod"
+    BAND = "band"
+    BOR = "bor"
+    BXOR = "bxor"
 
 
 UFUNCS: dict[ReduceOp, np.ufunc] = {
@@ -40,7 +43,15 @@ UFUNCS: dict[ReduceOp, np.ufunc] = {
     ReduceOp.MIN: np.minimum,
     ReduceOp.MAX: np.maximum,
     ReduceOp.PROD: np.multiply,
+    ReduceOp.BAND: np.bitwise_and,
+    ReduceOp.BOR: np.bitwise_or,
+    ReduceOp.BXOR: np.bitwise_xor,
 }
+_BITWISE = frozenset((ReduceOp.BAND, ReduceOp.BOR, ReduceOp.BXOR))
+#: What bool arrays may be reduced with: numpy's add and multiply on bools are a logical or
+#: and and (never a count), so "sum" would silently not count; MPI allows only logical ops
+#: on MPI_C_BOOL. min and max are the logical and and or.
+_BOOL_OPS = frozenset((ReduceOp.MIN, ReduceOp.MAX, *_BITWISE))
 # A dict finds an op (by name or member) in a fraction of the time ReduceOp(op) takes, which
 # counts next to a 4-byte allreduce's few microseconds.
 _OPS: dict[object, ReduceOp] = {**{op.value: op for op in ReduceOp}, **{op: op for op in ReduceOp}}
@@ -59,11 +70,22 @@ def check_op(op: object) -> ReduceOp:
 def check(array: object, op: object) -> tuple[np.ndarray[Any, Any], ReduceOp]:
     """``array`` as a flat view and ``op`` as a ReduceOp, or Refused: the op is looked up
     first, then the array checked, then the op's dtype rules (``"min"``/``"max"`` refuse
-    complex dtypes, ``"mean"`` integer ones). One call, for a 4-byte allreduce's sake."""
+    complex dtypes, ``"mean"`` integer ones, the bitwise ops all but integers and bools,
+    and bools all but min, max and the bitwise ops). One call, for a 4-byte allreduce's
+    sake."""
     reduce_op = check_op(op)
     flat = check_array(array)
     dtype = flat.dtype
-    if reduce_op in (ReduceOp.MIN, ReduceOp.MAX) and dtype.kind == "c":
+    kind = dtype.kind
+    if kind == "b" and reduce_op not in _BOOL_OPS:
+        raise Refused(
+            f"op {reduce_op.value!r} is not defined for dtype bool (numpy would give a "
+            "logical or/and, not a count); use 'bor', 'band', 'bxor', 'min' or 'max', or "
+            "convert to an integer dtype to count"
+        )
+    if reduce_op in _BITWISE and kind not in "iub":
+        raise Refused(f"op {reduce_op.value!r} needs an integer or bool dtype, not {dtype}")
+    if reduce_op in (ReduceOp.MIN, ReduceOp.MAX) and kind == "c":
         raise Refused(f"op {reduce_op.value!r} is not defined for complex dtype {dtype}")
     if reduce_op is ReduceOp.MEAN and dtype.kind in "iu":
         raise Refused(

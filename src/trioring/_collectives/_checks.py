@@ -2,13 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
 from .._wire import DTYPE_CODES
 
-__all__ = ["Refused", "check_array", "check_root"]
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+    from typing import TypeAlias
+
+    from .._wire import OpSpec
+
+    _R = TypeVar("_R")
+    #: What a collective runs once its call has a sequence number, given that identity.
+    Body: TypeAlias = Callable[[OpSpec], Awaitable[None]]
+    #: What a family's planner gives the Communicator (``CommunicatorCore._execute``): the
+    #: result to return, the body, and the fields of the call's identity beyond its kind
+    #: (``dtype_code``, ``count``, ``op_code``, ``root``) that every frame carries.
+    Plan: TypeAlias = tuple[_R, Body, dict[str, int]]
+
+__all__ = ["Refused", "check_array", "check_out", "check_root"]
 
 
 class Refused(Exception):
@@ -46,6 +60,27 @@ def check_array(array: object, *, writable: bool = True) -> np.ndarray[Any, Any]
     if writable and not flags.writeable:
         raise Refused("array is read-only; collectives work in place")
     return array if array.ndim == 1 else array.reshape(-1)
+
+
+def check_out(
+    out: object, dtype: np.dtype[Any], count: int | None, *avoid: np.ndarray[Any, Any]
+) -> np.ndarray[Any, Any]:
+    """``out=`` as a flat view, or Refused: an exact ndarray (or memmap) of ``dtype`` and
+    (unless ``count`` is None, when only the exchanged counts can tell) ``count`` elements,
+    any shape, C-contiguous, writable, and apart from the arrays in ``avoid`` (inputs that
+    the algorithm reads while it writes the result)."""
+    try:
+        flat = check_array(out)
+    except Refused as exc:
+        raise Refused(f"out=: {exc}") from None
+    if flat.dtype != dtype:
+        raise Refused(f"out= has dtype {flat.dtype}, the input has {dtype}; they must agree")
+    if count is not None and flat.shape[0] != count:
+        raise Refused(f"out= has {flat.shape[0]} elements, expected {count}")
+    for source in avoid:
+        if np.may_share_memory(flat, source):
+            raise Refused("out= overlaps the input array; pass a separate buffer")
+    return flat
 
 
 def check_root(root: object, world_size: int) -> int:

@@ -103,6 +103,14 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
     "reduce_scatter": ("recursive_halving", "ring"),
     "reduce_scatterv": ("recursive_halving", "ring"),
     "reduce": ("tree",),
+    "gather": ("tree",),
+    "gatherv": ("tree",),
+    "scatter": ("tree",),
+    "scatterv": ("tree",),
+    "alltoall": ("bruck", "pairwise"),
+    "alltoallv": ("pairwise",),
+    "scan": ("recursive_doubling",),
+    "exscan": ("recursive_doubling",),
 }
 
 # REDUCE_FAMILY: reduce_scatter and reduce_scatterv go by recursive halving up to

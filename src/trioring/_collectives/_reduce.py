@@ -23,16 +23,16 @@ from .. import _algorithms
 from .._wire import DTYPE_CODES, NO_ROOT
 from . import _decision
 from ._allreduce import OP_CODES, UFUNCS, ReduceOp, check
-from ._checks import Refused, check_root
+from ._checks import Refused, check_out, check_root
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
     from .._algorithms import World
     from .._wire import OpSpec
+    from ._checks import Plan
 
 __all__ = [
-    "check_out",
     "check_reduce",
     "check_reduce_scatter",
     "check_reduce_scatterv",
@@ -43,27 +43,6 @@ __all__ = [
     "small_bytes",
     "unrunnable",
 ]
-
-
-def check_out(
-    out: object, dtype: np.dtype[Any], count: int, source: np.ndarray[Any, Any]
-) -> np.ndarray[Any, Any]:
-    """``out`` as a flat view, or Refused: an exact ndarray (or memmap) of ``dtype`` and
-    ``count`` elements, any shape, C-contiguous, writable, and apart from the input
-    ``source`` (the algorithms read the input while they write the result)."""
-    if type(out) is not np.ndarray and type(out) is not np.memmap:
-        raise Refused(f"out must be a numpy.ndarray, got {type(out).__name__}")
-    if out.dtype != dtype:
-        raise Refused(f"out has dtype {out.dtype}, expected the input's {dtype}")
-    if out.size != count:
-        raise Refused(f"out has {out.size} elements, expected {count}")
-    if not out.flags.c_contiguous:
-        raise Refused("out is not C-contiguous")
-    if not out.flags.writeable:
-        raise Refused("out is read-only")
-    if np.may_share_memory(out, source):
-        raise Refused("out overlaps the input array; pass a separate buffer")
-    return out if out.ndim == 1 else out.reshape(-1)
 
 
 def check_reduce_scatter(
@@ -208,11 +187,6 @@ def reduce_body(
     return agree_then_reduce
 
 
-#: What the Communicator runs: the result to return (None for reduce), the step, and the
-#: call's identity beyond its kind (dtype_code, count, op_code, root) for ``Communicator._run``.
-Plan = tuple["np.ndarray[Any, Any] | None", "Callable[[OpSpec], Awaitable[None]]", dict[str, int]]
-
-
 def plan_reduce_scatter(
     collective: str,
     world: World,
@@ -221,7 +195,7 @@ def plan_reduce_scatter(
     op: object,
     out: object,
     counts: object = None,
-) -> Plan:
+) -> Plan[np.ndarray[Any, Any]]:
     """Everything reduce_scatter (``counts`` None) or reduce_scatterv needs before any I/O:
     the checks, the algorithm (``forced``, or the table's), the step and the identity; or
     Refused."""
@@ -250,7 +224,9 @@ def plan_reduce_scatter(
     return result, body, identity
 
 
-def plan_reduce(world: World, forced: str | None, array: object, op: object, root: object) -> Plan:
+def plan_reduce(
+    world: World, forced: str | None, array: object, op: object, root: object
+) -> Plan[None]:
     """Everything reduce needs before any I/O, as :func:`plan_reduce_scatter`; or Refused."""
     flat, reduce_op, checked_root = check_reduce(array, op, root, world.size)
     name = forced if forced is not None else _decision.reduce()

@@ -1,0 +1,320 @@
+"""What every collective call goes through, whatever its family: the Communicator's state
+(open / broken / closed), sequencing, the busy rule, and what happens when a call fails or is
+cancelled (the abort frames that tell the peers, then closing everything). The public
+methods live in :mod:`trioring._communicator` and the family modules of
+:mod:`trioring._methods`, each of which validates, picks an algorithm and calls
+:meth:`CommunicatorCore._execute`."""
+
+from __future__ import annotations
+
+import enum
+import logging
+from typing import TYPE_CHECKING, TypeVar
+
+import numpy as np
+import trio
+
+from . import _algorithms
+from ._collectives import _allreduce, _decision
+from ._collectives._checks import Refused
+from ._concurrency import is_cancellation
+from ._errors import (
+    CollectiveError,
+    CollectiveMismatchError,
+    CommunicatorBrokenError,
+    CommunicatorBusyError,
+    CommunicatorClosedError,
+    InvalidArgumentError,
+    PeerAbortedError,
+    PeerFailedError,
+    ProtocolError,
+    TrioringError,
+)
+from ._framing import Link, WaitCount
+from ._wire import NO_ROOT, AbortKind, Kind, OpSpec
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Mapping
+
+    from .transports import Transport
+
+__all__ = ["DEFAULT_CHUNK_BYTES", "CommunicatorCore", "State"]
+
+#: Bytes per frame of bulk data. Large enough that per-frame costs vanish, small enough that a
+#: ring step streams (and that the reusable scratch buffer stays small).
+DEFAULT_CHUNK_BYTES = 1024 * 1024
+#: How long a breaking communicator spends telling its peers why, before closing anyway.
+_ABORT_NOTICE_SECONDS = 0.25
+_logger = logging.getLogger("trioring")
+_PAGE = 4096
+
+_R = TypeVar("_R")
+
+
+class State(enum.Enum):
+    OPEN = "open"
+    BROKEN = "broken"
+    CLOSED = "closed"
+
+
+def _aligned_scratch(nbytes: int) -> np.ndarray[tuple[int], np.dtype[np.uint8]]:
+    # Page-aligned: glibc memcpy is ~10x slower when source and destination are 16 bytes
+    # apart modulo 4096, which an arbitrary malloc'ed buffer can be.
+    raw = np.zeros(nbytes + _PAGE, dtype=np.uint8)
+    start = (-raw.ctypes.data) % _PAGE
+    return raw[start : start + nbytes]
+
+
+class CommunicatorCore:
+    """The machinery under :class:`trioring.Communicator` (see its docstring for the
+    contract this implements)."""
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        world_size: int,
+        transport: Transport,
+        links: dict[int, Link],
+        chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+        job_id: str = "",
+    ) -> None:
+        self._job_id = job_id or None
+        self._rank = rank
+        self._world_size = world_size
+        self._transport = transport
+        self._links = links
+        self._seq = 0
+        self._state = State.OPEN
+        self._broken_by: BaseException | None = None
+        self._running: OpSpec | None = None
+        self._waits = WaitCount()
+        for link in links.values():
+            link.waits = self._waits
+        self._world = _algorithms.World(
+            rank=rank,
+            size=world_size,
+            links=links,
+            chunk_bytes=chunk_bytes,
+            scratch=_aligned_scratch(chunk_bytes if world_size > 1 else 0),
+        )
+        # The decision table's limits that depend on this world, worked out once.
+        self._shm_allreduce_bytes = _allreduce.shm_bytes(self._world)
+        self._small_allreduce_bytes = min(
+            _decision.SMALL_ALLREDUCE_BYTES, self._world.scratch.nbytes
+        )
+        #: Algorithms forced per collective (see _force_algorithm); empty by default.
+        self._forced: dict[str, str] = {}
+
+    async def _execute(
+        self,
+        kind: Kind,
+        plan: Callable[[], tuple[_R, Callable[[OpSpec], Awaitable[None]], Mapping[str, int]]],
+    ) -> _R:
+        """Run the call that ``plan`` prepares: a planner checks the arguments (raising
+        Refused, which becomes an InvalidArgumentError before any I/O) and returns (the
+        result, the body, the identity's fields); then the body runs under :meth:`_run`."""
+        try:
+            result, body, identity = plan()
+        except Refused as exc:
+            raise self._invalid(kind, str(exc)) from None
+        await self._run(kind, body, **identity)
+        return result
+
+    def _where(self, kind: Kind, seq: int | None = None) -> str:
+        return f"rank {self._rank}: {kind.label} #{self._seq + 1 if seq is None else seq}"
+
+    def _invalid(self, kind: Kind, message: str) -> InvalidArgumentError:
+        return InvalidArgumentError(
+            f"{self._where(kind)}: {message}",
+            rank=self._rank,
+            job_id=self._job_id,
+            collective=kind.label,
+            seq=self._seq + 1,
+        )
+
+    def _force_algorithm(self, collective: str, name: str | None) -> None:
+        """Run every later ``collective`` (``"allreduce"``, ``"broadcast"``, ``"barrier"``)
+        by the algorithm ``name`` of the decision table (see _collectives._decision), or
+        again by the table's choice when ``name`` is None. For tests and experts: it changes
+        the frames on the wire, so every rank must force the same. Unknown names raise
+        ConfigurationError; a call that the forced algorithm cannot run here raises
+        InvalidArgumentError before any I/O."""
+        if name is None:
+            self._forced.pop(collective, None)
+        else:
+            _decision.check_forced(collective, name)
+            self._forced[collective] = name
+
+    #: (``"allreduce #22"``, ``" after 5.0 s while waiting for rank 2"``) once a collective
+    #: was cancelled (see _run).
+    _cancelled: tuple[str, str] | None = None
+
+    def _check_usable(self, kind: Kind) -> None:
+        if self._state is State.OPEN and self._running is None:
+            return  # the common case, in two comparisons
+        if self._state is State.CLOSED:
+            raise CommunicatorClosedError(
+                f"{self._where(kind)}: the communicator is closed",
+                rank=self._rank,
+                job_id=self._job_id,
+                collective=kind.label,
+                seq=self._seq + 1,
+            )
+        if self._state is State.BROKEN:
+            if self._broken_by is not None and is_cancellation(self._broken_by):
+                what, detail = self._cancelled or (f"collective #{self._seq}", "")
+                why = f"{what} was cancelled{detail}"
+            else:
+                why = (
+                    f"collective #{self._seq} failed "
+                    f"({type(self._broken_by).__name__}: {self._broken_by})"
+                )
+            raise CommunicatorBrokenError(
+                f"{self._where(kind)}: the communicator is broken since {why}; open a new "
+                "communicator",
+                rank=self._rank,
+                job_id=self._job_id,
+                collective=kind.label,
+                seq=self._seq + 1,
+            ) from self._broken_by
+        if self._running is not None:
+            raise CommunicatorBusyError(
+                f"{self._where(kind)}: another task is running {self._running.describe()} on "
+                "this communicator; call collectives one at a time, in the same order on "
+                "every rank",
+                rank=self._rank,
+                job_id=self._job_id,
+                collective=kind.label,
+                seq=self._seq + 1,
+            )
+
+    async def _run(
+        self,
+        kind: Kind,
+        body: Callable[[OpSpec], Awaitable[None]],
+        *,
+        dtype_code: int = 0,
+        count: int = 0,
+        op_code: int = 0,
+        root: int = NO_ROOT,
+    ) -> None:
+        self._check_usable(kind)
+        # An already-cancelled caller gets Cancelled here, before any I/O, so the communicator
+        # stays usable.
+        await trio.lowlevel.checkpoint_if_cancelled()
+        self._seq += 1
+        spec = OpSpec(kind, self._seq, dtype_code, count, op_code, root)
+        self._running = spec
+        waits = self._waits.count
+        try:
+            await body(spec)
+            if self._waits.count == waits:
+                # Every public async function must be a schedule point, and a collective
+                # whose data was all there at once (or a world of one) has not yielded yet.
+                await trio.lowlevel.cancel_shielded_checkpoint()
+        except CollectiveError as exc:
+            cause = exc
+            try:
+                cause = await self._relayed_cause(exc, spec)
+            finally:
+                # Even if the caller's deadline fires while we look for the cause.
+                await self._break(cause, spec)
+            if cause is exc:
+                raise
+            cause.add_note(f"first noticed on this rank as: {type(exc).__name__}: {exc}")
+            raise cause from exc
+        except BaseException as exc:
+            if is_cancellation(exc):
+                # When every rank's deadline fires at once nobody gets an abort frame, and
+                # trio.fail_after raises a TooSlowError of its own in place of this
+                # Cancelled: so say here, on the Cancelled, in the abort frame and in every
+                # later call's error, what was cancelled and whom it was waiting for. Only
+                # now is that worked out, from what the waits left behind.
+                what = f"{kind.label} #{spec.seq}"
+                detail = _algorithms.interrupted_wait(self._world, spec)
+                self._cancelled = (what, detail)
+                message = f"rank {self._rank}: {what} cancelled{detail}"
+                if self._job_id:
+                    message += f" [job {self._job_id}]"
+                _logger.warning("%s", message)
+                exc.add_note(message)
+            await self._break(exc, spec)
+            raise
+        finally:
+            self._running = None
+
+    async def _relayed_cause(self, error: CollectiveError, spec: OpSpec) -> CollectiveError:
+        """A lost connection is often the echo of a failure elsewhere: a neighbour broke
+        because of it and closed before it could tell us. Its other neighbours did get an
+        abort frame through, so look briefly on every link for one, and report the original
+        cause (the rank that died, was cancelled or saw the mismatch) instead of the echo."""
+        if not isinstance(error, PeerFailedError) or error._trioring_abort is not None:
+            return error
+        found: list[CollectiveError] = []
+
+        async def look(link: Link) -> None:
+            abort = await link.pending_abort(spec)
+            # News that a peer lost its connection to *us* only echoes what we saw ourselves.
+            if abort is not None and not abort._trioring_about_self:
+                found.append(abort)
+
+        async with trio.open_nursery() as nursery:
+            for link in self._links.values():
+                nursery.start_soon(look, link)
+        if not found:
+            return error
+        return max(found, key=lambda e: 2 if isinstance(e, CollectiveMismatchError) else 1)
+
+    def _abort_notice(self, exc: BaseException) -> tuple[AbortKind, int, str, int]:
+        """(kind, subject, reason, reporter) of the abort frame that tells peers about
+        ``exc``."""
+        me = self._rank
+        if is_cancellation(exc):
+            if self._cancelled is None:
+                return AbortKind.CANCELLED, me, "cancelled", me
+            # "cancelled allreduce #22 after 5.0 s while waiting for rank 2": peers make
+            # their message of it (see _wire.abort_error).
+            what, detail = self._cancelled
+            return AbortKind.CANCELLED, me, f"cancelled {what}{detail}", me
+        relayed = getattr(exc, "_trioring_abort", None)
+        if relayed is not None:
+            kind, subject, reason, reporter = relayed
+            return AbortKind(kind), subject, reason, reporter
+        message = exc._bare_message if isinstance(exc, TrioringError) else str(exc)
+        if isinstance(exc, PeerFailedError) and exc.peer is not None:
+            return AbortKind.FAILED, exc.peer, message, me
+        if isinstance(exc, CollectiveMismatchError):
+            return AbortKind.MISMATCH, me, message, me
+        if isinstance(exc, ProtocolError):
+            return AbortKind.PROTOCOL, me, message, me
+        if isinstance(exc, PeerAbortedError) and exc.peer is not None:
+            return AbortKind.CANCELLED, exc.peer, exc.reason, exc.peer
+        return AbortKind.ERROR, me, f"{type(exc).__name__}: {exc}", me
+
+    async def _break(self, exc: BaseException, spec: OpSpec) -> None:
+        """Enter the broken state: tell peers why (best effort), then close everything."""
+        if self._state is State.OPEN:
+            self._state = State.BROKEN
+            self._broken_by = exc
+        kind, subject, reason, reporter = self._abort_notice(exc)
+        if self._world.shm is not None:
+            # Before the abort frames: a peer that finds this on the segment reads one.
+            self._world.shm.mark_broken()
+        with trio.CancelScope(shield=True):
+            with trio.move_on_after(_ABORT_NOTICE_SECONDS):
+                async with trio.open_nursery() as nursery:
+                    for link in self._links.values():
+                        if link.send_clean:
+                            nursery.start_soon(
+                                link.send_abort, kind, subject, spec.seq, reason, reporter
+                            )
+            await self._close_connections()
+
+    async def _close_connections(self) -> None:
+        if self._world.shm is not None:
+            self._world.shm.close()
+            self._world.shm_plans.clear()
+        for link in self._links.values():
+            await trio.aclose_forcefully(link.connection)
+        self._transport.close()

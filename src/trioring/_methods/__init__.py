@@ -1,0 +1,10 @@
+"""The public methods of :class:`trioring.Communicator`, one module per collective family
+beyond the first three (which stay in :mod:`trioring._communicator`). Each is a thin layer:
+validate (through its family module in :mod:`trioring._collectives`), pick, run (through
+:meth:`trioring._core.CommunicatorCore._execute`)."""
+
+from ._allgather import AllgatherMethods as AllgatherMethods
+from ._alltoall import AlltoallMethods as AlltoallMethods
+from ._gather import GatherMethods as GatherMethods
+from ._reduce import ReduceMethods as ReduceMethods
+from ._scan import ScanMethods as ScanMethods

@@ -1,0 +1,114 @@
+"""The allgather family's public methods: allgather and allgatherv (their checks, decisions and algorithms: :mod:`trioring._collectives._allgather`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .._collectives import _allgather, _checks
+from .._core import CommunicatorCore
+from .._wire import DTYPE_CODES, Kind
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    pass
+
+__all__ = ["AllgatherMethods"]
+
+
+class AllgatherMethods(CommunicatorCore):
+    """Mixed into :class:`trioring.Communicator`."""
+
+    async def allgather(
+        self, x: np.ndarray[Any, Any], *, out: np.ndarray[Any, Any] | None = None
+    ) -> np.ndarray[Any, Any]:
+        """Gather every rank's ``x`` on every rank.
+
+        Returns a **new array** of shape ``(world_size, *x.shape)`` whose row ``i`` is rank
+        ``i``'s ``x`` (``x`` itself is only read), or ``out`` when given, filled in rank
+        order. The result is **bitwise identical on every rank**: it is made of copies only.
+        A world of one, and a size of 0, work (and still checkpoint).
+
+        Args:
+            x: C-contiguous ``numpy.ndarray`` (or ``numpy.memmap``) of a supported dtype, of
+                any shape; read-only arrays are fine. Same dtype and element count on every
+                rank (the shape may differ: only the element count is checked).
+            out: optional C-contiguous, writable array of ``x``'s dtype with
+                ``world_size * x.size`` elements, of any shape; rank ``i``'s elements land at
+                ``out.reshape(-1)[i * x.size:(i + 1) * x.size]``. ``x`` may be this rank's
+                block of ``out`` (in place), but must not overlap it otherwise.
+
+        Algorithm: up to ``SMALL_ALLGATHER_BYTES`` gathered in all, Bruck's algorithm
+        (``ceil(log2 n)`` rounds at any world size); above, a ring (``n - 1`` steps,
+        streamed in chunks, bandwidth-optimal). See the algorithms page.
+
+        Raises:
+            InvalidArgumentError: bad ``x`` or ``out`` (before any I/O; the communicator
+                stays usable).
+            CollectiveError: see :meth:`allreduce`; :class:`~trioring.CollectiveMismatchError`
+                when ranks pass different dtypes or element counts.
+        """
+        kind = Kind.ALLGATHER
+        try:
+            flat, result, gathered = _allgather.check(x, out, self._world_size, self._rank)
+        except _checks.Refused as exc:
+            raise self._invalid(kind, str(exc)) from None
+        name = self._forced.get("allgather") if self._forced else None
+        await self._run(
+            kind,
+            _allgather.body(name, self._world, flat, gathered),
+            dtype_code=DTYPE_CODES[flat.dtype],
+            count=flat.shape[0],
+        )
+        return result
+
+    async def allgatherv(
+        self, x: np.ndarray[Any, Any], *, out: np.ndarray[Any, Any] | None = None
+    ) -> list[np.ndarray[Any, Any]]:
+        """Gather every rank's ``x``, whose first dimension may differ between ranks, on
+        every rank.
+
+        Returns a list of ``world_size`` arrays: ``parts[i]`` has rank ``i``'s shape and
+        values (``x`` itself is only read). They are views, in rank order, into one
+        contiguous buffer: a new one, or ``out`` when given (``parts[i]`` is then
+        ``out.reshape(-1)[start_i:start_i + size_i]`` reshaped to rank ``i``'s shape, and
+        the list, not ``out``, is returned). The sizes are found by trioring: the ranks
+        first exchange their row counts (and trailing shapes), then the data. The result is
+        **bitwise identical on every rank**. Any rank may pass zero rows; a world of one
+        works.
+
+        Args:
+            x: C-contiguous ``numpy.ndarray`` (or ``numpy.memmap``) of at least one
+                dimension and a supported dtype; read-only arrays are fine. Same dtype,
+                number of dimensions and trailing shape (``x.shape[1:]``) on every rank;
+                ``x.shape[0]`` may differ.
+            out: optional C-contiguous, writable array of ``x``'s dtype holding exactly the
+                total number of elements of all ranks' ``x``, of any shape, not overlapping
+                ``x``. Its dtype and layout are checked before any I/O; its size only once
+                the counts are known (every rank's capacity travels with its counts).
+
+        Algorithm: as :meth:`allgather`, chosen by the total size once the counts are
+        known; the counts themselves go by Bruck's algorithm.
+
+        Raises:
+            InvalidArgumentError: bad ``x`` or ``out`` (before any I/O; the communicator
+                stays usable).
+            CollectiveError: see :meth:`allreduce`. :class:`~trioring.CollectiveMismatchError`
+                on every rank when ranks pass different dtypes, numbers of dimensions or
+                trailing shapes, or when some rank's ``out`` does not hold the total (the
+                communicator is then broken, as for any mismatch).
+        """
+        kind = Kind.ALLGATHERV
+        try:
+            flat, rows, trailing, gathered = _allgather.check_v(x, out, self._world_size)
+        except _checks.Refused as exc:
+            raise self._invalid(kind, str(exc)) from None
+        name = self._forced.get("allgatherv") if self._forced else None
+        parts: list[np.ndarray[Any, Any]] = []
+        await self._run(
+            kind,
+            _allgather.body_v(name, self._world, flat, rows, trailing, gathered, parts),
+            dtype_code=DTYPE_CODES[flat.dtype],
+            count=len(trailing) + 2,
+        )
+        return parts

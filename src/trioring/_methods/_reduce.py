@@ -1,0 +1,132 @@
+"""The reduce family's public methods: reduce_scatter, reduce_scatterv and reduce (their checks, decisions and algorithms: :mod:`trioring._collectives._reduce`)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from .._collectives import _reduce
+from .._core import CommunicatorCore
+from .._wire import Kind
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    import numpy as np
+
+    from .._collectives._allreduce import ReduceOp
+
+__all__ = ["ReduceMethods"]
+
+
+class ReduceMethods(CommunicatorCore):
+    """Mixed into :class:`trioring.Communicator`."""
+
+    async def reduce_scatter(
+        self,
+        array: np.ndarray[Any, Any],
+        *,
+        op: ReduceOp | str = "sum",
+        out: np.ndarray[Any, Any] | None = None,
+    ) -> np.ndarray[Any, Any]:
+        """Reduce ``array`` element-wise across all ranks and return this rank's block of
+        the result: block ``rank`` of ``world_size`` equal blocks of the flattened array.
+
+        ``array`` is only read (left unchanged even if the call fails or is cancelled; it
+        must still be writable; after a failure the result's contents are unspecified). Its
+        size must be a multiple of ``world_size``; the result is a **new array** of shape
+        ``array.shape[1:]`` when ``array`` has at least two dimensions and ``world_size``
+        rows (``(n, 1000)`` gives ``(1000,)``), else of shape ``(array.size // world_size,)``
+        (so a 1-D array of ``n * k`` elements gives ``k``). With ``out=``, the result goes
+        there and ``out`` is returned: any shape, the input's dtype, ``array.size //
+        world_size`` elements, C-contiguous, writable, not overlapping ``array``.
+
+        The op is honoured, whichever it is (``"sum"``, ``"mean"``, ``"min"``, ``"max"``,
+        ``"prod"``, with :meth:`allreduce`'s dtype rules). The order of operations is fixed
+        by the world size and the algorithm, never by timing, so two runs give bitwise the
+        same result; by the ring, block ``j`` is reduced as
+        ``x_j op (x_(j-1) op (... op x_(j+1)))`` (ranks mod n). A mean divides the reduction
+        by ``world_size`` once, in the dtype.
+
+        Algorithm: up to ``SMALL_REDUCE_SCATTER_BYTES`` (and one chunk), recursive halving:
+        ``log2 p`` exchanges of halves of the array (p the largest power of two <= n, and two
+        more steps when n is not one), in an order fixed by n (see the algorithms page);
+        scratch: a copy of the array. Above, ring reduce-scatter: n-1 steps, each rank
+        sending and receiving ``(n-1)/n`` of the array, streamed in chunks; scratch: one
+        block and one chunk.
+
+        Raises:
+            InvalidArgumentError: bad array, op or ``out``, or a size that is not a multiple
+                of ``world_size`` (before any I/O; the communicator stays usable).
+            CollectiveError: see :meth:`allreduce`. Ranks that disagree on dtype, size or op
+                raise :class:`~trioring.CollectiveMismatchError`.
+        """
+        kind = Kind.REDUCE_SCATTER
+        return await self._execute(
+            kind,
+            lambda: _reduce.plan_reduce_scatter(
+                kind.label, self._world, self._forced.get(kind.label), array, op, out
+            ),
+        )
+
+    async def reduce_scatterv(
+        self,
+        array: np.ndarray[Any, Any],
+        *,
+        counts: Sequence[int],
+        op: ReduceOp | str = "sum",
+        out: np.ndarray[Any, Any] | None = None,
+    ) -> np.ndarray[Any, Any]:
+        """:meth:`reduce_scatter` with uneven blocks: rank ``i`` gets the ``counts[i]``
+        elements that start at ``sum(counts[:i])`` of the flattened reduction.
+
+        Every rank passes the same ``counts`` (``world_size`` non-negative ints, zeros
+        allowed, summing to ``array.size``); ranks that pass different ones raise
+        :class:`~trioring.CollectiveMismatchError` (every frame carries a 31-bit CRC-32 of
+        the counts). The result is a **new 1-D array** of ``counts[rank]`` elements, or
+        ``out`` (checked as in :meth:`reduce_scatter`) when given. ``array`` is only read.
+        Order of operations, ops and algorithms as in :meth:`reduce_scatter` (chosen by
+        ``array.size``); the ring's scratch is two buffers of ``max(counts)`` elements and
+        one chunk.
+
+        Raises:
+            InvalidArgumentError: bad array, op, ``counts`` or ``out`` (before any I/O).
+            CollectiveError: see :meth:`allreduce`.
+        """
+        kind = Kind.REDUCE_SCATTERV
+        return await self._execute(
+            kind,
+            lambda: _reduce.plan_reduce_scatter(
+                kind.label, self._world, self._forced.get(kind.label), array, op, out, counts
+            ),
+        )
+
+    async def reduce(
+        self, array: np.ndarray[Any, Any], *, root: int = 0, op: ReduceOp | str = "sum"
+    ) -> None:
+        """Reduce ``array`` element-wise across all ranks into ``root``'s ``array``, in
+        place there. **Non-root arrays are left unchanged**, even if the call fails or is
+        cancelled (only read; they must still be writable): partial results go through two
+        chunks of scratch, never through the caller's buffer. The root's ``array`` holds the
+        result (its contents are unspecified after a failure).
+
+        Every rank passes the same dtype, element count, op and ``root`` (checked: a
+        disagreement raises :class:`~trioring.CollectiveMismatchError`, never a hang). Ops
+        and their dtype rules are :meth:`allreduce`'s. The order of operations is fixed by
+        the world size and the root, never by timing: in virtual ranks ``v = (rank - root)
+        mod n``, each rank reduces its own array with its children's partial results in the
+        binomial tree, ``((x_v op P_(v+1)) op P_(v+2)) op P_(v+4) ...``; the root divides a
+        mean by ``world_size`` once.
+
+        Algorithm: a dissemination round of tokens carrying the call's identity (as in
+        :meth:`broadcast`), then a binomial tree reduce, chunk by chunk: ``ceil(log2 n)``
+        hops, the root receiving ``ceil(log2 n)`` arrays.
+
+        Raises:
+            InvalidArgumentError: bad array or op, or ``root`` not in ``range(world_size)``.
+            CollectiveError: see :meth:`allreduce`.
+        """
+        kind = Kind.REDUCE
+        await self._execute(
+            kind,
+            lambda: _reduce.plan_reduce(self._world, self._forced.get(kind.label), array, op, root),
+        )
