@@ -249,7 +249,7 @@ def test_environment_variable(raw: str, expected: dict[str, str]) -> None:
         ("allreduce=", "expected comma-separated COLLECTIVE=ALGORITHM pairs"),
         ("allreduce=ring,", "expected comma-separated COLLECTIVE=ALGORITHM pairs"),
         ("allreduce=bruck", "allreduce has no algorithm 'bruck'"),
-        ("scan=ring", "unknown collective 'scan'"),
+        ("gossip=ring", "unknown collective 'gossip'"),
         ("allreduce=ring,allreduce=shm", "allreduce is forced twice"),
     ],
 )
