@@ -24,6 +24,11 @@ from pathlib import Path
 from statistics import median
 
 HERE = Path(__file__).parent
+#: The collectives that Gloo has too (bench/_gloo_worker.py), for --collective all.
+GLOO_COLLECTIVES = (
+    "allreduce", "broadcast", "barrier", "reduce", "allgather", "reduce_scatter", "gather",
+    "scatter", "alltoall",
+)  # fmt: skip
 
 
 def run_trioring(
@@ -89,7 +94,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-n", type=int, default=2)
     parser.add_argument("--sizes", default="4,4K,4M,64M")
-    parser.add_argument("--collective", action="append")
+    parser.add_argument(
+        "--collective",
+        action="append",
+        help="repeatable; 'all' for every collective Gloo has too (default allreduce, "
+        "broadcast, barrier)",
+    )
     parser.add_argument("--transport", default="unix")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json")
@@ -103,6 +113,8 @@ def main() -> None:
     from trioring._bench import format_size, parse_sizes
 
     collectives = args.collective or ["allreduce", "broadcast", "barrier"]
+    if "all" in collectives:
+        collectives = list(GLOO_COLLECTIVES)
     sizes = parse_sizes(args.sizes)
     cells: dict[tuple[str, int], dict[str, list[float]]] = {}
     for round_ in range(args.rounds):
@@ -125,14 +137,14 @@ def main() -> None:
         f"{args.rounds} alternating rounds; {'back to back' if args.back_to_back else 'a barrier between calls'}; "
         f"Unix socket limit here: {limit:.2f} GB/s"
     )
-    print(f"{'collective':>10} {'size':>6} {'trioring us':>12} {'gloo us':>10} {'ratio':>6}")
+    print(f"{'collective':>14} {'size':>8} {'trioring us':>12} {'gloo us':>10} {'ratio':>6}")
     table = []
     for (collective, size), cell in cells.items():
         ours, theirs = median(cell["trioring"]), median(cell["gloo"])
         table.append({"collective": collective, "size": size, "world_size": args.n,
                       "transport": args.transport, "trioring_us": ours, "gloo_us": theirs,
                       "ratio": ours / theirs, "rounds": cell})  # fmt: skip
-        print(f"{collective:>10} {format_size(size):>6} {ours:>12.1f} {theirs:>10.1f} "
+        print(f"{collective:>14} {format_size(size):>8} {ours:>12.1f} {theirs:>10.1f} "
               f"{ours / theirs:>6.2f}")  # fmt: skip
     if args.json:
         Path(args.json).write_text(

@@ -373,12 +373,381 @@ def bruck_allgather(n: int = 5) -> str:
     return svg.render()
 
 
+# -- binomial gather (and scatter) ------------------------------------------------------------
+
+
+def _subtrees(n: int, root: int) -> tuple[dict[int, list[int]], dict[int, list[int]]]:
+    """Each rank's children in ``tree_neighbours``'s tree, and the ranks of its subtree (whose
+    blocks it holds once its children have sent theirs), in virtual-rank order."""
+    children = {r: tree_neighbours(r, n, root)[1] for r in range(n)}
+    below: dict[int, list[int]] = {}
+
+    def collect(r: int) -> list[int]:
+        ranks = [r]
+        for child in reversed(children[r]):  # smallest subtree first: virtual-rank order
+            ranks.extend(collect(child))
+        below[r] = ranks
+        return ranks
+
+    collect(root)
+    return children, below
+
+
+def _span(ranks: list[int]) -> str:
+    """``[4, 5]`` as "4-5", ``[3]`` as "3" (the ranks of a subtree are consecutive)."""
+    return str(ranks[0]) if len(ranks) == 1 else f"{ranks[0]}\u2013{ranks[-1]}"
+
+
+def binomial_gather(n: int = 6, root: int = 0) -> str:
+    """The gather tree, from ``tree_neighbours`` itself (the broadcast's tree, walked towards
+    the root): a rank sends its parent the blocks of its whole subtree, once its own children
+    have sent theirs; a scatter sends the same blocks the other way."""
+    children, below = _subtrees(n, root)
+    depth = {root: 0}
+    order: list[int] = []
+
+    def visit(r: int) -> None:
+        order.append(r)
+        for child in children[r]:
+            depth[child] = depth[r] + 1
+            visit(child)
+
+    visit(root)
+    leaves = [r for r in order if not children[r]]
+    x_of: dict[int, int] = {}
+    slot_w, left, top, level_h = 120, 40, 70, 96
+
+    def place(r: int) -> int:
+        if not children[r]:
+            x_of[r] = left + leaves.index(r) * slot_w
+        else:
+            xs = [place(child) for child in children[r]]
+            x_of[r] = (min(xs) + max(xs)) // 2
+        return x_of[r]
+
+    place(root)
+    levels = max(depth.values())
+    width = left * 2 + (len(leaves) - 1) * slot_w + 90
+    height = top + levels * level_h + 30
+    svg = Svg(width, height, f"Binomial gather on {n} ranks to root {root}")
+    svg.text(width // 2, 22, f"gather to rank {root}", bold=True)
+    svg.text(
+        width // 2, 42, "(a scatter sends the same blocks the other way)", size=11, colour=MUTED
+    )
+    for r in order:
+        for child in children[r]:
+            x1, y1 = x_of[child], top + depth[child] * level_h
+            x2, y2 = x_of[r], top + depth[r] * level_h
+            length = math.hypot(x2 - x1, y2 - y1)
+            dx, dy = (x2 - x1) / length, (y2 - y1) / length
+            svg.arrow(
+                round(x1 + dx * 20), round(y1 + dy * 20), round(x2 - dx * 21), round(y2 - dy * 21)
+            )
+            # Beside the sender: the blocks it sends (its subtree's, in rank order).
+            blocks = f"block{'s' if len(below[child]) > 1 else ''} {_span(below[child])}"
+            svg.text(x1 + 24, y1 + 5, blocks, size=11, anchor="start", mono=True, colour=SEND)
+    for r in order:
+        fill = DONE if r == root else "#eceff1"
+        svg.circle(x_of[r], top + depth[r] * level_h, 18, fill=fill)
+        svg.text(x_of[r], top + depth[r] * level_h + 5, str(r), bold=True)
+    return svg.render()
+
+
+# -- alltoall: pairwise exchange and Bruck -----------------------------------------------------
+
+STEP_FILLS = ["#bbdefb", "#c8e6c9", "#ffe0b2", "#f8bbd0", "#d1c4e9", "#b2ebf2", "#fff9c4"]
+
+
+def pairwise_alltoall(n: int = 5) -> str:
+    """``_algorithms.pairwise_alltoall``: in step k (1 <= k < n) rank r sends its block for
+    rank r + k and receives rank r - k's block; the matrix shows when each block moves."""
+    step_of: dict[tuple[int, int], int] = {(r, r): 0 for r in range(n)}  # (from, to) -> step
+    for step in range(1, n):
+        for r in range(n):
+            pair = (r, (r + step) % n)
+            assert pair not in step_of, pair
+            step_of[pair] = step
+    assert len(step_of) == n * n
+    cell, left, top = 64, 118, 70
+    width = left + n * cell + 20
+    height = top + n * cell + 64
+    svg = Svg(width, height, f"Pairwise exchange alltoall on {n} ranks")
+    svg.text(left + n * cell // 2, 20, "to rank", bold=True)
+    svg.text(16, top + n * cell // 2, "from rank", anchor="start", bold=True)
+    for c in range(n):
+        svg.text(left + c * cell + cell // 2, top - 12, str(c), bold=True)
+    for r in range(n):
+        svg.text(left - 12, top + r * cell + cell // 2 + 5, str(r), anchor="end", bold=True)
+        for c in range(n):
+            step = step_of[(r, c)]
+            x, y = left + c * cell, top + r * cell
+            fill = "#ffffff" if step == 0 else STEP_FILLS[(step - 1) % len(STEP_FILLS)]
+            svg.rect(x, y, cell, cell, fill=fill)
+            label = "copy" if step == 0 else f"step {step}"
+            svg.text(x + cell // 2, y + cell // 2 + 4, label, size=11, mono=True)
+    svg.text(
+        left - 100,
+        height - 30,
+        f"step k: rank r sends to r + k and receives from r \u2212 k (mod {n}),",
+        size=11,
+        anchor="start",
+    )
+    svg.text(
+        left - 100,
+        height - 12,
+        "each block once; the block for itself is a local copy",
+        size=11,
+        anchor="start",
+    )
+    return svg.render()
+
+
+def bruck_alltoall(n: int = 5) -> str:
+    """``_algorithms.bruck_alltoall``: position j of rank r's buffer first holds its block
+    for rank r + j; in round k (d = 2^k) it sends the positions with bit k set to rank r + d
+    and receives as many from rank r - d into the same positions; last, a rotation puts the
+    blocks in rank order. A cell "a>b" is the block that rank a sends to rank b."""
+    work = [[(r, (r + j) % n) for j in range(n)] for r in range(n)]
+    panels: list[tuple[str, list[list[tuple[int, int]]], set[int]]] = [
+        ("start: position j holds the block for rank r + j", [row[:] for row in work], set())
+    ]
+    d = 1
+    while d < n:
+        chosen = {j for j in range(n) if j & d}
+        new = [row[:] for row in work]
+        for r in range(n):
+            for j in chosen:
+                new[(r + d) % n][j] = work[r][j]
+        work = new
+        title = (
+            f"round {d.bit_length() - 1}: positions with bit {d.bit_length() - 1} set go to r + {d}"
+        )
+        panels.append((title, [row[:] for row in work], chosen))
+        d *= 2
+    for r in range(n):
+        assert all(work[r][j] == ((r - j) % n, r) for j in range(n)), work[r]
+    final = [[work[r][(r - i) % n] for i in range(n)] for r in range(n)]
+    panels.append(("last: a rotation puts the blocks in rank order", final, set()))
+    cell_w, cell_h, gap, left, top = 44, 20, 18, 92, 46
+    column_w = cell_w + gap
+    panel_h = n * cell_h + 40
+    width = max(left + n * column_w + 10, 500)
+    height = top + len(panels) * panel_h + 14
+    svg = Svg(width, height, f"Bruck alltoall on {n} ranks")
+    for q in range(n):
+        svg.text(left + q * column_w + cell_w // 2, 22, f"rank {q}", bold=True)
+    for index, (title, contents, received) in enumerate(panels):
+        y0 = top + index * panel_h
+        svg.text(8, y0 + 14, title, anchor="start", size=12, bold=True)
+        for j in range(n):
+            label = "pos" if index < len(panels) - 1 else "from"
+            svg.text(8, y0 + 36 + j * cell_h, f"{label} {j}", size=10, anchor="start")
+        for q in range(n):
+            x = left + q * column_w
+            for j in range(n):
+                y = y0 + 22 + j * cell_h
+                source, dest = contents[q][j]
+                fill = DONE if dest == q else "#ffffff"
+                stroke = ACCENT if j in received else MUTED
+                svg.rect(x, y, cell_w, cell_h, fill=fill, stroke=stroke)
+                svg.text(x + cell_w // 2, y + 14, f"{source}\u2192{dest}", size=11, mono=True)
+    legend_y = height - 6
+    svg.rect(8, legend_y - 11, 14, 12, fill=DONE)
+    svg.text(
+        28,
+        legend_y,
+        "a\u2192b: rank a's block for rank b; green: at its destination",
+        size=11,
+        anchor="start",
+    )
+    svg.rect(width - 150, legend_y - 11, 14, 12, fill="#ffffff", stroke=ACCENT)
+    svg.text(width - 130, legend_y, "received this round", size=11, anchor="start")
+    return svg.render()
+
+
+# -- recursive doubling scan -------------------------------------------------------------------
+
+
+def recursive_doubling_scan(n: int = 6) -> str:
+    """``_algorithms.recursive_doubling_scan``: in round k rank r exchanges its partial
+    result with rank r XOR 2^k if that rank exists, folding a lower partner's partial into
+    both its result and its partial, a higher partner's into its partial only."""
+    result = [{r} for r in range(n)]
+    partial = [{r} for r in range(n)]
+    phases: list[tuple[int, list[tuple[int, int]], list[set[int]]]] = []
+    mask = 1
+    while mask < n:
+        pairs = [(r, r ^ mask) for r in range(n) if r < r ^ mask < n]
+        incoming = [set(partial[r ^ mask]) if r ^ mask < n else set() for r in range(n)]
+        for r in range(n):
+            partner = r ^ mask
+            if partner >= n:
+                continue
+            if partner < r:
+                result[r] |= incoming[r]
+            partial[r] |= incoming[r]
+        phases.append((mask, pairs, [set(s) for s in result]))
+        mask *= 2
+    assert result == [set(range(r + 1)) for r in range(n)], result
+
+    def label(ranks: set[int]) -> str:
+        ordered = sorted(ranks)
+        assert ordered == list(range(ordered[0], ordered[-1] + 1)), ordered
+        return _span(ordered)
+
+    row_h, left, top, start_w, phase_w, box_w = 40, 76, 62, 70, 170, 50
+    width = left + start_w + len(phases) * phase_w + 16
+    height = top + n * row_h + 34
+    svg = Svg(width, height, f"Recursive doubling scan on {n} ranks")
+
+    def box(x: int, y: int, ranks: set[int], r: int) -> None:
+        fill = DONE if ranks == set(range(r + 1)) else PARTIAL
+        svg.rect(x, y - 10, box_w, 20, fill=fill)
+        svg.text(x + box_w // 2, y + 4, label(ranks), size=11, mono=True)
+
+    for r in range(n):
+        y = top + r * row_h
+        svg.text(left - 14, y + 5, f"rank {r}", anchor="end", bold=True)
+        svg.line(left - 6, y, width - 12, y)
+        box(left, y, {r}, r)
+    svg.text(left + box_w // 2, 22, "start", bold=True)
+    for index, (mask, pairs, results) in enumerate(phases):
+        x0 = left + start_w + index * phase_w
+        svg.text(x0 + phase_w // 2, 22, f"round {index}: r \u2194 r XOR {mask}", bold=True)
+        spread = (phase_w - box_w - 20) // (len(pairs) + 1)
+        for k, (a, b) in enumerate(pairs):
+            x = x0 + spread * (k + 1)
+            ya, yb = top + a * row_h, top + b * row_h
+            svg.circle(x, ya, 4, fill=SEND)
+            svg.arrow(x, ya + 6, x, yb - 6, both=True)
+            svg.circle(x, yb, 4, fill=SEND)
+        for r in range(n):
+            box(x0 + phase_w - box_w - 10, top + r * row_h, results[r], r)
+    legend_y = height - 10
+    svg.rect(left, legend_y - 11, 14, 12, fill=PARTIAL)
+    svg.text(left + 20, legend_y, "result so far: the ranks reduced", size=11, anchor="start")
+    svg.rect(left + 250, legend_y - 11, 14, 12, fill=DONE)
+    svg.text(left + 270, legend_y, "finished: ranks 0..r", size=11, anchor="start")
+    return svg.render()
+
+
+# -- recursive doubling allgather --------------------------------------------------------------
+
+
+def recursive_doubling_allgather(n: int = 8) -> str:
+    """Recursive doubling allgather on a power of two: in round k rank r exchanges all it
+    holds with rank r XOR 2^k, so it then holds the blocks of the aligned 2^(k+1) ranks
+    around it."""
+    assert n & (n - 1) == 0, n
+    held = [{r} for r in range(n)]
+    panels: list[tuple[str, list[set[int]], list[set[int]]]] = [
+        ("start", [set(h) for h in held], [set() for _ in range(n)])
+    ]
+    mask = 1
+    while mask < n:
+        incoming = [set(held[r ^ mask]) for r in range(n)]
+        for r in range(n):
+            held[r] |= incoming[r]
+        round_k = mask.bit_length() - 1
+        panels.append((f"round {round_k}: r \u2194 r XOR {mask}", [set(h) for h in held], incoming))
+        mask *= 2
+    assert all(h == set(range(n)) for h in held)
+    cell_w, cell_h, gap, left, top = 30, 18, 14, 150, 46
+    column_w = cell_w + gap
+    panel_h = n * cell_h + 30
+    width = left + n * column_w + 10
+    height = top + len(panels) * panel_h + 14
+    svg = Svg(width, height, f"Recursive doubling allgather on {n} ranks")
+    svg.text(left - 10, 22, "rank", anchor="end", bold=True)
+    for q in range(n):
+        svg.text(left + q * column_w + cell_w // 2, 22, str(q), bold=True)
+    for index, (title, contents, received) in enumerate(panels):
+        y0 = top + index * panel_h
+        svg.text(left - 10, y0 + 14, title, anchor="end", size=12, bold=True)
+        for q in range(n):
+            x = left + q * column_w
+            for block in sorted(contents[q]):
+                y = y0 + block * cell_h
+                fill = DONE if len(contents[q]) == n else PARTIAL
+                stroke = ACCENT if block in received[q] else MUTED
+                svg.rect(x, y, cell_w, cell_h, fill=fill, stroke=stroke)
+                svg.text(x + cell_w // 2, y + 13, str(block), size=11, mono=True)
+    legend_y = height - 6
+    svg.rect(left - 8, legend_y - 11, 14, 12, fill="#ffffff", stroke=ACCENT)
+    svg.text(
+        left + 12,
+        legend_y,
+        "received in this round (block b is rank b's, at row b)",
+        size=11,
+        anchor="start",
+    )
+    return svg.render()
+
+
+# -- reduce as reduce-scatter, then gather -----------------------------------------------------
+
+
+def reduce_scatter_gather(n: int = 4, root: int = 0) -> str:
+    """``_algorithms.reduce_scatter_gather``: a reduce-scatter leaves rank i with block i
+    of the result; then every other rank sends its block straight to the root, which
+    receives them all at once, each into its place."""
+    full = "+".join(str(q) for q in range(n))
+    held: list[dict[int, str]] = [{s: str(q) for s in range(n)} for q in range(n)]
+    panels: list[tuple[str, list[dict[int, str]], list[set[int]]]] = []
+    panels.append(("start: every rank's whole array", [dict(h) for h in held], [set()] * n))
+    held = [{q: full} for q in range(n)]
+    panels.append(("reduce-scatter: rank i finishes block i", [dict(h) for h in held], [set()] * n))
+    senders = [q for q in range(n) if q != root]
+    received: list[set[int]] = [set() for _ in range(n)]
+    for q in senders:
+        held[root][q] = held[q][q]
+        received[root].add(q)
+    title = f"gather: {', '.join(map(str, senders))} \u2192 {root}, all at once"
+    panels.append((title, [dict(h) for h in held], received))
+    assert set(held[root]) == set(range(n))
+    cell_w, cell_h, gap, left, top = 74, 20, 40, 60, 44
+    panel_h = n * cell_h + 40
+    width = left + n * (cell_w + gap) + 10
+    height = top + len(panels) * panel_h + 24
+    svg = Svg(width, height, f"Reduce on {n} ranks: reduce-scatter, then gather to rank {root}")
+
+    def column(q: int) -> int:
+        return left + q * (cell_w + gap)
+
+    for q in range(n):
+        svg.text(column(q) + cell_w // 2, 22, f"rank {q}", bold=True)
+    for index, (title, contents, received) in enumerate(panels):
+        y0 = top + index * panel_h
+        svg.text(8, y0 + 14, title, anchor="start", size=12, bold=True)
+        for segment in range(n):
+            svg.text(8, y0 + 36 + segment * cell_h, f"block {segment}", size=10, anchor="start")
+        for q in range(n):
+            for segment, label in contents[q].items():
+                x, y = column(q), y0 + 22 + segment * cell_h
+                fill = DONE if label == full else "#ffffff"
+                stroke = ACCENT if segment in received[q] else MUTED
+                svg.rect(x, y, cell_w, cell_h, fill=fill, stroke=stroke)
+                svg.text(x + cell_w // 2, y + 14, label, size=11, mono=True, bold=label == full)
+    legend_y = height - 8
+    svg.rect(left - 8, legend_y - 11, 14, 12, fill=DONE)
+    svg.text(left + 12, legend_y, "reduced over all ranks", size=11, anchor="start")
+    svg.rect(left + 182, legend_y - 11, 14, 12, fill="#ffffff", stroke=ACCENT)
+    svg.text(left + 202, legend_y, "received by the root", size=11, anchor="start")
+    return svg.render()
+
+
 DIAGRAMS = {
     "ring-allreduce.svg": ring_allreduce,
     "recursive-doubling.svg": recursive_doubling,
     "binomial-tree.svg": binomial_tree,
     "dissemination-barrier.svg": dissemination_barrier,
     "bruck-allgather.svg": bruck_allgather,
+    "binomial-gather.svg": binomial_gather,
+    "pairwise-alltoall.svg": pairwise_alltoall,
+    "bruck-alltoall.svg": bruck_alltoall,
+    "recursive-doubling-scan.svg": recursive_doubling_scan,
+    "recursive-doubling-allgather.svg": recursive_doubling_allgather,
+    "reduce-scatter-gather.svg": reduce_scatter_gather,
 }
 
 

@@ -8,6 +8,8 @@ that they can never disagree with it.
   are written in KiB/MiB (``64 KiB``).
 * ``<!-- config-error:CASE -->``: the ``ConfigurationError`` that ``open_communicator`` raises
   for one of the environments in :data:`CONFIG_ERROR_CASES`.
+* ``<!-- decision-table -->``: the decision table, from the tables in the docstring of
+  ``trioring._collectives._decision`` (the one place where the choices are made).
 
 An unknown subcommand or constant raises, which fails the build.
 """
@@ -27,6 +29,8 @@ CAPABILITIES = "<!-- capabilities -->"
 CLI = re.compile(r"<!-- cli(?::([a-z-]+))? -->")
 CONSTANT = re.compile(r"<!-- constant:([A-Za-z_][\w.]*)\.([A-Z_][A-Z0-9_]*) -->")
 CONFIG_ERROR = re.compile(r"<!-- config-error:([a-z-]+) -->")
+DECISION_TABLE = "<!-- decision-table -->"
+_BORDER = re.compile(r"=+(?: +=+)+")
 #: Width of generated text blocks (--help: argparse would wrap to the terminal otherwise).
 HELP_COLUMNS = 76
 #: Rank 1 of a two-rank TCP job whose rank 0 is on another host.
@@ -52,6 +56,45 @@ def capability_table() -> str:
             f"{row.reason or ''} | {row.description} |"
         )
     return "\n".join(rows)
+
+
+def decision_rows(doc: str) -> list[tuple[str, ...]]:
+    """The rows of the reStructuredText simple tables in ``doc``, header rows left out; a
+    line whose first column is blank continues the row above it."""
+    rows: list[list[str]] = []
+    lines = doc.splitlines()
+    borders = 0
+    starts: list[int] = []
+    for line in lines:
+        if _BORDER.fullmatch(line.strip()):
+            if borders % 3 == 0:
+                starts = [m.start() for m in re.finditer(r"=+", line)]
+            borders += 1
+            continue
+        if borders % 3 != 2 or not line.strip():
+            continue  # outside a table, or its header
+        cells = [
+            line[start : starts[i + 1] if i + 1 < len(starts) else None].strip()
+            for i, start in enumerate(starts)
+        ]
+        if cells[0] or not rows:
+            rows.append(cells)
+        else:
+            rows[-1] = [f"{old} {new}".strip() for old, new in zip(rows[-1], cells, strict=True)]
+    return [tuple(cell.replace("``", "`") for cell in row) for row in rows]
+
+
+def decision_table() -> str:
+    from trioring._collectives import _decision
+
+    assert _decision.__doc__ is not None
+    table = [
+        "| Collective | When (the first row that matches wins) | Algorithm (name for forcing) |"
+    ]
+    table.append("|---|---|---|")
+    for collective, condition, algorithm in decision_rows(_decision.__doc__):
+        table.append(f"| {collective} | {condition} | {algorithm} |")
+    return "\n".join(table)
 
 
 def cli_parsers() -> dict[str, argparse.ArgumentParser]:
@@ -141,6 +184,8 @@ def render(markdown: str) -> str:
     """Replace every marker in ``markdown``."""
     if CAPABILITIES in markdown:
         markdown = markdown.replace(CAPABILITIES, capability_table())
+    if DECISION_TABLE in markdown:
+        markdown = markdown.replace(DECISION_TABLE, decision_table())
     markdown = CLI.sub(lambda m: cli_help(m.group(1) or ""), markdown)
     markdown = CONFIG_ERROR.sub(lambda m: config_error(m.group(1)), markdown)
     return CONSTANT.sub(lambda m: constant(m.group(1), m.group(2)), markdown)

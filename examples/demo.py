@@ -87,6 +87,43 @@ async def check_correctness(comm: trioring.Communicator) -> tuple[list[str], dic
         await comm.broadcast(x, root=root)
         expect(f"broadcast(root={root})", x, make_input(root))
 
+    n, r = comm.world_size, comm.rank
+    inputs = [make_input(q) for q in ranks]
+    x = inputs[r]
+    expect("allgather", (await comm.allgather(x)).reshape(-1), np.concatenate(inputs))
+    # Uneven sizes: rank q contributes q * 1000 + 1 elements, found by trioring.
+    parts = await comm.allgatherv(x[: r * 1000 + 1])
+    expect(
+        "allgatherv",
+        np.concatenate(parts),
+        np.concatenate([inputs[q][: q * 1000 + 1] for q in ranks]),
+    )
+    block = N_CHECK // n
+    expect(
+        "reduce_scatter(op='sum')",
+        await comm.reduce_scatter(x[: n * block]),
+        reference("sum", [v[: n * block] for v in inputs])[r * block : (r + 1) * block],
+    )
+    y = x.copy()
+    await comm.reduce(y, root=n - 1, op="max")
+    expect("reduce(op='max', root=last)", y, reference("max", inputs) if r == n - 1 else x)
+    gathered = await comm.gather(x[:1000], root=0)
+    if r == 0:
+        expect("gather(root=0)", gathered.reshape(-1), np.concatenate([v[:1000] for v in inputs]))
+    blocks = np.stack([v[:1000] for v in inputs]) if r == 0 else None
+    expect("scatter(root=0)", await comm.scatter(blocks, root=0), inputs[r][:1000])
+    # Rank q sends block j (its input's j-th 1000 elements plus 1000 q) to rank j.
+    sent = x[: n * 1000].reshape(n, 1000) + 1000 * r
+    want = np.stack([inputs[q][r * 1000 : (r + 1) * 1000] + 1000 * q for q in ranks])
+    expect("alltoall", (await comm.alltoall(sent)).reshape(-1), want.reshape(-1))
+    s = x.copy()
+    await comm.scan(s)
+    expect("scan(op='sum')", s, reference("sum", inputs[: r + 1]))
+    e = x.copy()
+    await comm.exscan(e)
+    # Rank 0 gets the op's identity: zeros for a sum.
+    expect("exscan(op='sum')", e, reference("sum", inputs[:r]) if r else np.zeros_like(x))
+
     await comm.barrier()
     return failures, samples
 
@@ -111,13 +148,25 @@ async def benchmark(comm: trioring.Communicator) -> list[tuple[str, str, float]]
         x = np.ones(nbytes // 4, dtype=np.float32)
         allreduce = functools.partial(comm.allreduce, x)
         broadcast = functools.partial(comm.broadcast, x, root=0)
+        allgather = functools.partial(comm.allgather, x[: len(x) // comm.world_size])
+        reduce_scatter = functools.partial(
+            comm.reduce_scatter, x[: len(x) // comm.world_size * comm.world_size]
+        )
+        alltoall = functools.partial(
+            comm.alltoall, x[: len(x) // comm.world_size * comm.world_size]
+        )
         rows.append((label, "allreduce sum", await timed(comm, allreduce)))
         rows.append((label, "broadcast", await timed(comm, broadcast)))
+        rows.append((label, "allgather", await timed(comm, allgather)))
+        rows.append((label, "reduce_scatter", await timed(comm, reduce_scatter)))
+        rows.append((label, "alltoall", await timed(comm, alltoall)))
     rows.append(("-", "barrier", await timed(comm, comm.barrier)))
     return rows
 
 
 def print_table(rows: list[tuple[str, str, float]]) -> None:
+    # The size is each rank's array: allgather gathers world_size blocks of size / world_size
+    # (as in nccl-tests), reduce_scatter and alltoall split it into world_size blocks.
     print(f"{'size':>8}  {'collective':<14}  {'median':>10}  {'bandwidth':>12}")
     for label, name, seconds in rows:
         nbytes = SIZES.get(label)

@@ -19,11 +19,11 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
-import trio
 
 import trioring
-from exact_inputs import make, ops_for
+from exact_inputs import UFUNCS, make, ops_for
 from launched import run_reports
+from local_runs import force, on_every_rank
 from trioring import _config
 from trioring._collectives import _allreduce, _decision
 from trioring._collectives._decision import CMA_MIN_BYTES, SMALL_ALLREDUCE_BYTES
@@ -45,7 +45,6 @@ SOCKET_ALGORITHMS = {
     "barrier": ("dissemination",),
 }
 DTYPES = ("float64", "float32", "float16", "int8", "int32", "uint16", "int64", "complex64")
-UFUNCS = {"sum": np.add, "mean": np.add, "min": np.minimum, "max": np.maximum, "prod": np.multiply}
 CMA_HERE = trioring.is_available("cma")
 SHM_HERE = trioring.is_available("shm")
 
@@ -67,19 +66,6 @@ def fits(collective: str, name: str, nbytes: int, world_size: int) -> bool:
         and world_size > 1
         and nbytes > CHUNK_BYTES
     )
-
-
-async def on_every_rank(
-    comms: list[Communicator], fn: Callable[[Communicator], Awaitable[None]]
-) -> None:
-    async with trio.open_nursery() as nursery:
-        for comm in comms:
-            nursery.start_soon(fn, comm)
-
-
-def force(comms: list[Communicator], collective: str, name: str | None) -> None:
-    for comm in comms:
-        comm._force_algorithm(collective, name)
 
 
 async def check_allreduce(

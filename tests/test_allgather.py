@@ -1,4 +1,5 @@
-"""Allgather and allgatherv: every algorithm forced at every world size that matters, the
+"""Allgather and allgatherv: every algorithm forced at every world size that matters (recursive
+doubling at the powers of two, and refused before any I/O at the others), the
 sizes and dtypes that break things, ``out=``, the checks before any I/O, mismatches on every
 rank, real processes over TCP and Unix, a SIGKILL mid-collective, and the Gloo regressions
 named in issue 15 (pytorch#85234: empty inputs to allgather crash; pytorch#156627: uneven
@@ -19,8 +20,10 @@ import trio
 import trio.testing
 
 import trioring
+from exact_inputs import make as exact
+from local_runs import force as force_on, on_every_rank
 from trioring._collectives import _decision
-from trioring._collectives._decision import SMALL_ALLGATHER_BYTES
+from trioring._collectives._decision import SMALL_ALLGATHER_BYTES, SMALL_POW2_ALLGATHER_BYTES
 from trioring.testing import open_local_world
 
 if TYPE_CHECKING:
@@ -32,33 +35,27 @@ if TYPE_CHECKING:
 WORLDS = [*range(1, 18), 24, 27, 32]
 #: Small chunks, so that modest arrays cross chunk boundaries.
 CHUNK_BYTES = 64
-ALGORITHMS = ("bruck", "ring")
+ALGORITHMS = ("bruck", "recursive_doubling", "ring")
 FAMILIES = ("allgather", "allgatherv")
 DTYPES = ("float64", "float32", "float16", "int8", "int32", "uint16", "int64", "complex64")
 WORKER = "allgather_worker.py"
 
 
 def make(seed: int, rank: int, shape: tuple[int, ...], dtype: np.dtype[Any]) -> np.ndarray:
-    rng = np.random.default_rng([seed, rank])
-    count = int(np.prod(shape))
-    values = rng.integers(0 if dtype.kind == "u" else -8, 9, count).astype(dtype)
-    if dtype.kind == "c":
-        values += 1j * rng.integers(-8, 9, count)
-    return values.reshape(shape)
-
-
-async def on_every_rank(
-    comms: list[Communicator], fn: Callable[[Communicator], Awaitable[None]]
-) -> None:
-    async with trio.open_nursery() as nursery:
-        for comm in comms:
-            nursery.start_soon(fn, comm)
+    return exact(seed, rank, int(np.prod(shape)), dtype, "sum").reshape(shape)
 
 
 def force(comms: list[Communicator], name: str | None) -> None:
-    for comm in comms:
-        for family in FAMILIES:
-            comm._force_algorithm(family, name)
+    force_on(comms, FAMILIES, name)
+
+
+def runs(name: str | None, world_size: int) -> bool:
+    """Whether the algorithm ``name`` (None: the table's) runs at ``world_size``."""
+    return name != "recursive_doubling" or world_size & (world_size - 1) == 0
+
+
+def algorithms_at(world_size: int) -> list[str]:
+    return [name for name in ALGORITHMS if runs(name, world_size)]
 
 
 async def check_allgather(
@@ -135,16 +132,82 @@ def uneven(n: int, seed: int) -> list[int]:
 
 
 def test_every_algorithm_is_covered() -> None:
-    assert _decision.ALGORITHMS["allgather"] == ALGORITHMS
-    assert _decision.ALGORITHMS["allgatherv"] == ALGORITHMS
+    """Every algorithm that runs over sockets is forced here; the one-host ones (tested in
+    real processes, tests/test_onehost_copies.py) are the rest."""
+    assert _decision.ALGORITHMS["allgather"] == ("shm", "cma", *ALGORITHMS)
+    assert _decision.ALGORITHMS["allgatherv"] == ("cma", *ALGORITHMS)
 
 
 @pytest.mark.parametrize(
-    ("nbytes", "expected"),
-    [(0, "bruck"), (SMALL_ALLGATHER_BYTES, "bruck"), (SMALL_ALLGATHER_BYTES + 1, "ring")],
+    ("nbytes", "world_size", "expected"),
+    [
+        (0, 3, "bruck"),
+        (SMALL_ALLGATHER_BYTES, 3, "bruck"),
+        (SMALL_ALLGATHER_BYTES + 1, 3, "ring"),
+        (SMALL_ALLGATHER_BYTES + 1, 24, "ring"),
+        (0, 1, "recursive_doubling"),
+        (0, 2, "recursive_doubling"),
+        (SMALL_POW2_ALLGATHER_BYTES, 32, "recursive_doubling"),
+        (SMALL_POW2_ALLGATHER_BYTES + 1, 4, "ring"),
+        (SMALL_ALLGATHER_BYTES, 6, "bruck"),
+    ],
 )
-def test_decision(nbytes: int, expected: str) -> None:
-    assert _decision.allgather(nbytes) == expected
+def test_decision(nbytes: int, world_size: int, expected: str) -> None:
+    assert _decision.allgather(nbytes, world_size) == expected
+    # Cross-memory attach, when agreed, above CMA_MIN_COPY_BYTES; the shared segment
+    # whenever the caller says it takes the blocks.
+    cma = "cma" if nbytes > _decision.CMA_MIN_COPY_BYTES else expected
+    assert _decision.allgather(nbytes, world_size, (False, True)) == cma
+    assert _decision.allgather(nbytes, world_size, (True, True)) == "shm"
+
+
+@pytest.mark.parametrize(("world_size", "expected"), [(3, "bruck"), (4, "recursive_doubling")])
+async def test_communicator_follows_the_table(
+    monkeypatch: pytest.MonkeyPatch, world_size: int, expected: str
+) -> None:
+    """Unforced, both collectives run what the table says (a small and a large call, the
+    limits lowered: SMALL_ALLGATHER_BYTES to 64, SMALL_POW2_ALLGATHER_BYTES to 128)."""
+    from trioring._collectives import _allgather
+
+    chosen: list[tuple[int, int, str]] = []
+    decide = _allgather.decide
+
+    def spy(nbytes: int, n: int, onehost: tuple[bool, bool]) -> str:
+        assert onehost == (False, False)  # a local world has no one-host paths
+        name = decide(nbytes, n, onehost)
+        chosen.append((nbytes, n, name))
+        return name
+
+    monkeypatch.setattr(_decision, "SMALL_ALLGATHER_BYTES", 64)
+    monkeypatch.setattr(_decision, "SMALL_POW2_ALLGATHER_BYTES", 128)
+    monkeypatch.setattr(_allgather, "decide", spy)
+    n = world_size
+    async with open_local_world(n, chunk_bytes=CHUNK_BYTES) as comms:
+        await check_allgather(comms, 0, (2,), "float64", out=False)  # 16 n bytes
+        await check_allgather(comms, 0, (20,), "float64", out=False)  # 160 n bytes
+        await check_allgatherv(comms, 0, [1] * n, (), "float64", out=False)
+    assert [name for _, _, name in chosen] == [expected] * n + ["ring"] * n + [expected] * n
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("world_size", [n for n in WORLDS if n & (n - 1)])
+async def test_forced_recursive_doubling_refuses_other_world_sizes(
+    family: str, world_size: int
+) -> None:
+    """Recursive doubling forced at a world size that is not a power of two: refused
+    before any I/O (on the one rank that calls), the communicator still usable."""
+    async with open_local_world(world_size) as comms:
+        force(comms, "recursive_doubling")
+        comm = comms[0]
+        call = comm.allgather if family == "allgather" else comm.allgatherv
+        message = rf"'recursive_doubling' needs a power-of-two world size, not {world_size}"
+        with pytest.raises(trioring.InvalidArgumentError, match=message) as info:
+            await call(np.zeros(3))
+        assert info.value.collective == family
+        assert comm.seq == 0
+        assert not comm.broken
+        force(comms, None)
+        await check_allgather(comms, 0, (3,), "float32", out=False)
 
 
 @pytest.mark.parametrize("world_size", WORLDS)
@@ -153,21 +216,21 @@ async def test_every_algorithm_at_every_world_size(world_size: int) -> None:
     chunks, then uneven rows (some empty) with a trailing shape."""
     n = world_size
     async with open_local_world(n, chunk_bytes=CHUNK_BYTES) as comms:
-        for name in ALGORITHMS:
+        for name in algorithms_at(n):
             force(comms, name)
             await check_allgather(comms, 1, (max(n - 1, 1),), "float32", out=False)
             await check_allgather(comms, 2, (37,), "int16", out=n % 2 == 0)
             await check_allgatherv(comms, 3, uneven(n, n), (3,), "float64", out=n % 2 == 1)
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 5, 8])
+@pytest.mark.parametrize("world_size", [2, 3, 4, 5, 8])
 async def test_every_size_and_dtype(world_size: int) -> None:
     """Sizes 0, 1, below the world size, odd, and across one and several chunk boundaries,
     in a spread of dtypes, with and without ``out=``, by both algorithms; the table's own
     choice too."""
     n = world_size
     async with open_local_world(n, chunk_bytes=CHUNK_BYTES) as comms:
-        for name in (*ALGORITHMS, None):
+        for name in (*algorithms_at(n), None):
             force(comms, name)
             for d, dtype_name in enumerate(DTYPES):
                 per_chunk = CHUNK_BYTES // np.dtype(dtype_name).itemsize
@@ -181,13 +244,13 @@ async def test_every_size_and_dtype(world_size: int) -> None:
             await check_allgatherv(comms, 10, uneven(n, 10), (0,), "float32", out=False)
 
 
-@pytest.mark.parametrize("world_size", [2, 3, 4, 7])
+@pytest.mark.parametrize("world_size", [2, 3, 4, 7, 8])
 async def test_unbuffered_streams_do_not_deadlock(world_size: int) -> None:
     """Over connections without any buffer (every send waits for its receive), each
     algorithm finishes: no rank waits for its own send before it receives."""
     n = world_size
     async with open_local_world(n, buffered=False, chunk_bytes=CHUNK_BYTES) as comms:
-        for name in ALGORITHMS:
+        for name in algorithms_at(n):
             force(comms, name)
             with trio.fail_after(10):
                 await check_allgather(comms, 1, (3 * n + 1,), "float64", out=False)
@@ -216,10 +279,14 @@ async def test_issue_example_code() -> None:
 async def test_results_are_copies_bitwise() -> None:
     """Random bytes as float64 (NaNs with payloads, negative zeros, denormals): every rank
     holds bitwise every rank's input, by both algorithms."""
-    n = 5
+    for n in (4, 5):
+        await _copies_bitwise(n)
+
+
+async def _copies_bitwise(n: int) -> None:
     inputs = [np.random.default_rng(r).bytes(8 * 41) for r in range(n)]
     async with open_local_world(n, chunk_bytes=CHUNK_BYTES) as comms:
-        for name in ALGORITHMS:
+        for name in algorithms_at(n):
             force(comms, name)
             got: dict[int, bytes] = {}
 
@@ -406,8 +473,7 @@ def _odd_calls() -> list[Any]:
     ]
 
 
-@pytest.mark.parametrize("n", [2, 3])
-@pytest.mark.parametrize("name", ALGORITHMS)
+@pytest.mark.parametrize(("n", "name"), [(n, name) for n in (2, 3, 4) for name in algorithms_at(n)])
 @pytest.mark.parametrize(("good", "odd", "fragments"), _odd_calls())
 async def test_mismatch_raises_everywhere(
     n: int,
@@ -437,6 +503,42 @@ async def test_mismatch_raises_everywhere(
         assert len(mismatches) == 2
     for exc in mismatches:
         assert all(f in str(exc) for f in fragments), str(exc)
+
+
+@pytest.mark.parametrize("world_size", range(2, 10))
+@pytest.mark.parametrize("odd_is_large", [True, False])
+async def test_sizes_on_both_sides_of_the_table_are_a_mismatch(
+    monkeypatch: pytest.MonkeyPatch, world_size: int, odd_is_large: bool
+) -> None:
+    """One rank's allgather is large (the ring) while the others' is small (recursive
+    doubling at a power of two, else Bruck), or the other way round, and also Bruck
+    against recursive doubling: every rank raises, whichever rank is the odd one, and none
+    hangs. (The limits lowered: SMALL_POW2_ALLGATHER_BYTES to 8 bytes per rank,
+    SMALL_ALLGATHER_BYTES to 16.)"""
+    n = world_size
+    monkeypatch.setattr(_decision, "SMALL_POW2_ALLGATHER_BYTES", 8 * n)
+    monkeypatch.setattr(_decision, "SMALL_ALLGATHER_BYTES", 16 * n)
+    for small, large in ((1, 3), (1, 2), (2, 3)):  # float64s per rank
+        for odd_rank in range(n):
+            errors: dict[int, BaseException] = {}
+            async with open_local_world(n, chunk_bytes=CHUNK_BYTES) as comms:
+
+                async def one(
+                    comm: Communicator,
+                    odd_rank: int = odd_rank,
+                    errors: dict[int, BaseException] = errors,
+                    sizes: tuple[int, int] = (small, large),
+                ) -> None:
+                    is_large = (comm.rank == odd_rank) == odd_is_large
+                    try:
+                        await comm.allgather(np.zeros(sizes[is_large]))
+                    except trioring.TrioringError as exc:
+                        errors[comm.rank] = exc
+
+                with trio.fail_after(10):
+                    await on_every_rank(comms, one)
+            assert sorted(errors) == list(range(n)), (small, large, odd_rank, errors)
+            assert all(isinstance(e, trioring.CollectiveError) for e in errors.values())
 
 
 @pytest.mark.parametrize("n", [2, 4])
@@ -483,11 +585,11 @@ async def test_allgatherv_shape_and_out_mismatch_on_every_rank(n: int) -> None:
 # -- real processes -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("mode", ["tcp", "unix-dir"])
-def test_real_processes(worlds: Worlds, mode: str) -> None:
-    """Both algorithms of both collectives at world 3, checked in each worker against numpy
-    and across ranks by digests, over TCP and over Unix sockets."""
-    n = 3
+@pytest.mark.parametrize(("mode", "n"), [("tcp", 3), ("unix-dir", 3), ("unix-dir", 4)])
+def test_real_processes(worlds: Worlds, mode: str, n: int) -> None:
+    """Every algorithm of both collectives that runs at world 3 and 4 (recursive doubling),
+    checked in each worker against numpy and across ranks by digests, over TCP and over
+    Unix sockets."""
     world = worlds.start(WORKER, "check", world_size=n, mode=mode)
     reports = world.finish()
     for report in reports:

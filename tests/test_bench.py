@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from trioring._bench import format_size, parse_sizes
+from trioring._bench_cases import CASES
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -58,3 +59,37 @@ def test_bench_runs_and_checks_results(
         assert row["back_to_back"] is back_to_back
         assert 0 < row["p10_us"] <= row["median_us"] <= row["p90_us"]
     assert "busbw GB/s" in result.stdout
+
+
+@pytest.mark.parametrize(("nprocs", "transport"), [(3, "unix"), (4, "tcp")])
+def test_bench_times_and_checks_every_collective(
+    tmp_path: Path, nprocs: int, transport: str
+) -> None:
+    """``--collective all``: every collective runs, its results checked on every rank, and
+    the sizes are nccl-tests' (the larger of one rank's buffers, rounded down to whole
+    blocks of ``nprocs`` elements where the collective splits it)."""
+    out = tmp_path / "bench.json"
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "trioring", "bench", "-n", str(nprocs), "--sizes", "4,4K"),
+            *("--transport", transport, "--collective", "all", "--op", "max", "--json", str(out)),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = json.loads(out.read_text())["results"]
+    whole = {"allreduce", "broadcast", "reduce", "scan", "exscan"}
+    expected = []
+    for name, case in CASES.items():
+        if name == "barrier":
+            sizes = [0]
+        elif name in whole:
+            sizes = [4, 4096]
+        else:  # blocks of 1024 // nprocs float32s, at least one
+            sizes = [4 * nprocs, 4 * nprocs * (1024 // nprocs)]
+        expected += [(name, size, "max" if case.reduces else None) for size in sizes]
+    assert [(row["collective"], row["size"], row["op"]) for row in rows] == expected
+    assert all(row["errors"] == 0 for row in rows)

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import numpy as np
 import pytest
 
 if TYPE_CHECKING:
@@ -73,6 +74,68 @@ def test_first_allreduce_under_trioring_run(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     assert "mean over 4 ranks: [1.5 2.5 3.5" in result.stdout
     documented = _documented_output(DOCS / "tutorials" / "first-allreduce.md")
+    assert result.stdout.splitlines() == documented
+
+
+def _documented_output_of(page: Path, script: str) -> list[str]:
+    """The lines of the ```text block after the `trioring run -n N SCRIPT` command."""
+    pattern = rf"```sh\ntrioring run -n \d+ {re.escape(script)}\n```\n\n```text\n(.*?)```"
+    block = re.search(pattern, page.read_text(), re.DOTALL)
+    assert block is not None, (page, script)
+    return block.group(1).splitlines()
+
+
+def test_sharded_optimizer_under_trioring_run(tmp_path: Path) -> None:
+    """The tutorial's training: the loss goes down, and every rank checked that the
+    parameters are bitwise identical across ranks and match the one-process reference."""
+    result = _run(
+        *("-m", "trioring", "run", "-n", "4", "--no-tag-output"),
+        str(EXAMPLES / "sharded_optimizer.py"),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    losses = [float(line.split()[-1]) for line in lines if line.startswith("step ")]
+    assert len(losses) == 8, lines
+    assert losses == sorted(losses, reverse=True), losses
+    assert losses[-1] < losses[0] / 10, losses
+    assert "parameters bitwise identical on 4 ranks" in lines
+    documented = _documented_output_of(
+        DOCS / "tutorials" / "beyond-allreduce.md", "sharded_optimizer.py"
+    )
+    assert lines == documented
+
+
+def test_sharded_evaluation_under_trioring_run(tmp_path: Path) -> None:
+    """The tutorial's second part: scan gives each rank its offset in the shared file,
+    gather brings the metrics to rank 0, and the file holds every rank's rows."""
+    result = _run(
+        *("-m", "trioring", "run", "-n", "4", "--no-tag-output"),
+        str(EXAMPLES / "sharded_evaluation.py"),
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    documented = _documented_output_of(
+        DOCS / "tutorials" / "beyond-allreduce.md", "sharded_evaluation.py"
+    )
+    assert result.stdout.splitlines() == documented
+    predictions = np.load(tmp_path / "predictions.npy")
+    assert predictions.shape == (30,)
+    assert np.isfinite(predictions).all()
+
+
+def test_from_torch_example_under_trioring_run(tmp_path: Path) -> None:
+    """The how-to's port of torch.distributed calls runs, with every rank's checks, at
+    several world sizes, and prints what the page shows at 4."""
+    for n in (1, 3, 4):
+        result = _run(
+            *("-m", "trioring", "run", "-n", str(n), "--no-tag-output"),
+            str(EXAMPLES / "from_torch.py"),
+            cwd=tmp_path,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert f"allgatherv sizes: {list(range(n))}" in result.stdout.splitlines()
+    documented = _documented_output_of(DOCS / "how-to" / "from-mpi4py-or-torch.md", "from_torch.py")
     assert result.stdout.splitlines() == documented
 
 
@@ -211,6 +274,9 @@ def test_every_example_is_tested() -> None:
         "trio_app.py",
         "test_with_pytest_trio.py",
         "counting_transport.py",
+        "sharded_optimizer.py",
+        "sharded_evaluation.py",
+        "from_torch.py",
     }
     assert {path.name for path in EXAMPLES.glob("*.py")} == tested
 
@@ -291,7 +357,9 @@ def test_generated_parts_render() -> None:
     hooks = _hooks()
     for path, text in _pages().items():
         rendered = hooks.render(text)
-        assert not re.search(r"<!-- (capabilities|cli|constant|config-error)\b", rendered), path
+        assert not re.search(
+            r"<!-- (capabilities|cli|constant|config-error|decision-table)\b", rendered
+        ), path
 
 
 @pytest.fixture(scope="module")
@@ -443,3 +511,22 @@ def test_performance_page_stands_on_its_own(site: Path) -> None:
     ):
         assert not re.search(r"\bissue\s*#?\d", text, re.I), re.findall(r".*issue.*", text, re.I)
     assert "performance targets" in _text((site / "performance" / "index.html").read_text())
+
+
+def test_decision_table_page_lists_every_algorithm() -> None:
+    """The algorithms page's decision table is generated from the decision module's own
+    table, and that table names every algorithm that forcing accepts."""
+    from trioring._collectives import _decision
+
+    hooks = _hooks()
+    assert _decision.__doc__ is not None
+    rows = hooks.decision_rows(_decision.__doc__)
+    named: dict[str, set[str]] = {}
+    for collective, _, algorithm in rows:
+        named.setdefault(collective, set()).update(re.findall(r"`(\w+)`", algorithm))
+    for collective, algorithms in _decision.ALGORITHMS.items():
+        if collective.endswith("v") and not named.get(collective):
+            continue  # "as allgather": the uneven variant follows its even one's rows
+        assert set(algorithms) <= named[collective] | named.get(collective[:-1], set()), collective
+    page = hooks.render((DOCS / "explanation" / "algorithms.md").read_text())
+    assert '| allgather | "shm" and each rank\'s block' in page

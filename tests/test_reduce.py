@@ -1,4 +1,5 @@
-"""The reduce family: reduce_scatter, reduce_scatterv and reduce (issue 15).
+"""The reduce family: reduce_scatter, reduce_scatterv and reduce (issue 15), reduce by the
+binomial tree and by reduce-scatter + gather.
 
 Every algorithm forced at worlds 1-17, 24, 27 and 32 over in-memory streams with small
 chunks; sizes 0, 1, below the world size, odd and across chunk boundaries; a spread of dtypes
@@ -24,8 +25,9 @@ import trio
 import trio.testing
 
 import trioring
-from exact_inputs import make, ops_for
+from exact_inputs import UFUNCS, make, ops_for
 from launched import run_reports
+from local_runs import force, on_every_rank
 from trioring._algorithms import tree_neighbours
 from trioring._collectives import _decision
 from trioring.testing import open_local_world
@@ -38,8 +40,17 @@ if TYPE_CHECKING:
 WORLDS = [*range(1, 18), 24, 27, 32]
 #: 16 float32s per chunk: modest blocks cross chunk boundaries.
 CHUNK_BYTES = 64
-DTYPES = ("float64", "float32", "float16", "int8", "int32", "uint16", "int64", "complex64")
-UFUNCS = {"sum": np.add, "mean": np.add, "min": np.minimum, "max": np.maximum, "prod": np.multiply}
+DTYPES = (
+    "float64",
+    "float32",
+    "float16",
+    "int8",
+    "int32",
+    "uint16",
+    "int64",
+    "complex64",
+    "bool",
+)
 WORKER = Path(__file__).parent / "workers" / "reduce_worker.py"
 
 
@@ -50,19 +61,6 @@ def reduced(inputs: Sequence[np.ndarray[Any, Any]], op: str) -> np.ndarray[Any, 
         if op == "mean":
             np.divide(expected, len(inputs), out=expected)
     return expected
-
-
-async def on_every_rank(
-    comms: list[Communicator], fn: Callable[[Communicator], Awaitable[Any]]
-) -> None:
-    async with trio.open_nursery() as nursery:
-        for comm in comms:
-            nursery.start_soon(fn, comm)
-
-
-def force(comms: list[Communicator], collective: str, name: str) -> None:
-    for comm in comms:
-        comm._force_algorithm(collective, name)
 
 
 async def check_reduce_scatterv(
@@ -130,6 +128,7 @@ async def check_reduce(
 
 
 SCATTER_ALGORITHMS = ("recursive_halving", "ring")
+REDUCE_ALGORITHMS = ("tree", "reduce_scatter_gather")
 
 
 def fits(name: str, nbytes: int, world_size: int) -> bool:
@@ -139,8 +138,22 @@ def fits(name: str, nbytes: int, world_size: int) -> bool:
 def test_every_algorithm_is_covered() -> None:
     assert _decision.ALGORITHMS["reduce_scatter"] == SCATTER_ALGORITHMS
     assert _decision.ALGORITHMS["reduce_scatterv"] == SCATTER_ALGORITHMS
-    assert _decision.ALGORITHMS["reduce"] == ("tree",)
-    assert _decision.reduce() == "tree"
+    assert _decision.ALGORITHMS["reduce"] == REDUCE_ALGORITHMS
+
+
+@pytest.mark.parametrize(
+    ("nbytes", "world_size", "expected"),
+    [
+        (0, 4, "tree"),
+        (_decision.SMALL_REDUCE_BYTES, 3, "tree"),
+        (_decision.SMALL_REDUCE_BYTES + 1, 3, "reduce_scatter_gather"),
+        (_decision.SMALL_REDUCE_BYTES + 1, 2, "tree"),
+        (_decision.SMALL_REDUCE_BYTES + 1, 1, "tree"),
+        (64 << 20, 32, "reduce_scatter_gather"),
+    ],
+)
+def test_reduce_decision(nbytes: int, world_size: int, expected: str) -> None:
+    assert _decision.reduce(nbytes, world_size) == expected
 
 
 @pytest.mark.parametrize(
@@ -178,6 +191,37 @@ async def test_communicator_follows_the_table(monkeypatch: pytest.MonkeyPatch) -
     assert chosen == ["recursive_halving"] * 3 + ["ring"] * 6
 
 
+async def test_reduce_follows_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Unforced, reduce runs the tree up to SMALL_REDUCE_BYTES and reduce-scatter + gather
+    above, with the reduce-scatter that fits (recursive halving for one chunk at most)."""
+    from trioring._collectives import _reduce
+
+    chosen: list[str] = []
+    halving: list[bool] = []
+    body = _reduce.reduce_body
+    scatter_gather = _reduce._algorithms.reduce_scatter_gather
+
+    def spy(name: str, *args: Any, **kwargs: Any) -> Any:
+        chosen.append(name)
+        return body(name, *args, **kwargs)
+
+    async def spy_algorithm(*args: Any, **kwargs: Any) -> None:
+        halving.append(kwargs["halving"])
+        await scatter_gather(*args, **kwargs)
+
+    monkeypatch.setattr(_reduce, "reduce_body", spy)
+    monkeypatch.setattr(_reduce._algorithms, "reduce_scatter_gather", spy_algorithm)
+    monkeypatch.setattr(_decision, "SMALL_REDUCE_BYTES", 32)
+    async with open_local_world(3, chunk_bytes=CHUNK_BYTES) as comms:
+        await check_reduce(comms, 0, 4, "float64", "sum", 0)  # 32 bytes: the tree
+        await check_reduce(comms, 0, 8, "float64", "sum", 1)  # 64 bytes: one chunk
+        await check_reduce(comms, 0, 9, "float64", "sum", 2)  # over one chunk: the ring
+    async with open_local_world(2, chunk_bytes=CHUNK_BYTES) as comms:
+        await check_reduce(comms, 0, 9, "float64", "sum", 1)  # world 2: the tree
+    assert chosen == ["tree"] * 3 + ["reduce_scatter_gather"] * 6 + ["tree"] * 2
+    assert halving == [True] * 3 + [False] * 3
+
+
 async def test_forced_recursive_halving_refuses_large_arrays_before_io() -> None:
     async with open_local_world(2, chunk_bytes=CHUNK_BYTES) as comms:
         comm = comms[0]
@@ -196,7 +240,6 @@ async def test_forced_recursive_halving_refuses_large_arrays_before_io() -> None
 async def test_every_algorithm_at_every_world_size(world_size: int) -> None:
     n = world_size
     async with open_local_world(n, chunk_bytes=CHUNK_BYTES) as comms:
-        force(comms, "reduce", "tree")
         for name in SCATTER_ALGORITHMS:
             force(comms, "reduce_scatter", name)
             force(comms, "reduce_scatterv", name)
@@ -216,8 +259,14 @@ async def test_every_algorithm_at_every_world_size(world_size: int) -> None:
                 if fits(name, sum(counts) * np.dtype(dtype).itemsize, n):
                     await check_reduce_scatterv(comms, seed, counts, dtype, op)
         roots = range(n) if n <= 5 else (0, 1, n // 2, n - 1)
-        for root in roots:
-            await check_reduce(comms, root, 37 if root % 2 else n, "float32", "sum", root)
+        for name in REDUCE_ALGORITHMS:
+            force(comms, "reduce", name)
+            for root in roots:
+                await check_reduce(comms, root, 37 if root % 2 else n, "float32", "sum", root)
+        # Reduce-scatter + gather: empty, below the world size, and one chunk (recursive
+        # halving), then across chunks and with blocks of several chunks (the ring).
+        for seed, count in enumerate((0, 1, max(n - 1, 1), 16, 17, 5 * n + 3, 40 * n + 1)):
+            await check_reduce(comms, seed, count, "float32", "sum", (seed * 5) % n)
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 5, 8])
@@ -227,7 +276,7 @@ async def test_every_size_dtype_and_op(world_size: int) -> None:
         for d, dtype_name in enumerate(DTYPES):
             dtype = np.dtype(dtype_name)
             per_chunk = CHUNK_BYTES // dtype.itemsize
-            ops = ops_for(dtype)
+            ops = ops_for(dtype, bitwise=True)
             for c, count in enumerate((0, 1, n - 1, 2 * n + 1, per_chunk + 1, 3 * per_chunk + 5)):
                 op = ops[(c + d) % len(ops)]
                 counts = [(count + i) % (per_chunk + 3) for i in range(n)]
@@ -242,7 +291,9 @@ async def test_every_size_dtype_and_op(world_size: int) -> None:
                 small = [(i + c) % 2 for i in range(n)]
                 if sum(small) * dtype.itemsize <= CHUNK_BYTES:
                     await check_reduce_scatterv(comms, c, small, dtype_name, op)
-                await check_reduce(comms, c, count, dtype_name, op, (c + d) % n)
+                for name in REDUCE_ALGORITHMS:
+                    force(comms, "reduce", name)
+                    await check_reduce(comms, c, count, dtype_name, op, (c + d) % n)
 
 
 # -- order of operations ------------------------------------------------------------------
@@ -306,6 +357,53 @@ async def test_float_order_is_documented_and_repeatable(world_size: int, op: str
             assert ys[n - 1].tobytes() == tree_order(inputs, op, n - 1).tobytes()
             runs.append([r.tobytes() for r in results] + [ys[n - 1].tobytes()])
     assert runs[0] == runs[1]
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4, 6, 7])
+@pytest.mark.parametrize("op", ["sum", "mean", "prod"])
+@pytest.mark.parametrize("count_per_rank", [2, 21])
+async def test_reduce_scatter_gather_order_is_documented_and_repeatable(
+    world_size: int, op: str, count_per_rank: int
+) -> None:
+    """Random floats reduced by reduce-scatter + gather: the root's result is, bitwise,
+    block by block, what reduce_scatterv gives for the blocks ``[j m / n, (j+1) m / n)``
+    by the same reduce-scatter (recursive halving for one chunk at most, else the ring,
+    which numpy recomputes in the documented order); the same for every root, in two runs."""
+    n = world_size
+    total = n * count_per_rank + 1  # blocks of two sizes
+    halving = total * 4 <= CHUNK_BYTES
+    bounds = [i * total // n for i in range(n + 1)]
+    counts = [bounds[i + 1] - bounds[i] for i in range(n)]
+    rng = np.random.default_rng(13)
+    inputs = [rng.standard_normal(total).astype(np.float32) for _ in range(n)]
+    if op == "prod":
+        inputs = [np.abs(x) + 0.5 for x in inputs]
+    results: list[bytes] = []
+    async with open_local_world(n, chunk_bytes=CHUNK_BYTES) as comms:
+        force(comms, "reduce", "reduce_scatter_gather")
+        force(comms, "reduce_scatterv", "recursive_halving" if halving else "ring")
+        blocks: list[Any] = [None] * n
+        for root in (0, n - 1, 0):
+            ys = [x.copy() for x in inputs]
+
+            async def one(comm: Communicator, ys: list[Any] = ys, root: int = root) -> None:
+                await comm.reduce(ys[comm.rank], root=root, op=op)
+                blocks[comm.rank] = await comm.reduce_scatterv(
+                    inputs[comm.rank], counts=counts, op=op
+                )
+
+            await on_every_rank(comms, one)
+            results.append(ys[root].tobytes())
+            assert ys[root].tobytes() == np.concatenate(blocks).tobytes(), root
+            for r in range(n):
+                if r != root:
+                    assert ys[r].tobytes() == inputs[r].tobytes()
+    assert results[0] == results[1] == results[2]
+    if not halving:
+        expected = np.concatenate(
+            [ring_order([x[bounds[j] : bounds[j + 1]] for x in inputs], op, j) for j in range(n)]
+        )
+        assert results[0] == expected.tobytes()
 
 
 @pytest.mark.parametrize("world_size", [3, 4, 6, 7])
@@ -471,14 +569,20 @@ async def test_gloo_162338_reduce_scatter_honours_the_op(op: str) -> None:
         assert v.tolist() == [expected] * [1, 0, 2, 0][r]
 
 
+@pytest.mark.parametrize("name", REDUCE_ALGORITHMS)
 @pytest.mark.parametrize("world_size", [2, 4, 7])
-async def test_gloo_76527_reduce_leaves_non_root_arrays_unchanged(world_size: int) -> None:
-    """pytorch#76527: Gloo's reduce writes partial sums into non-root buffers."""
+async def test_gloo_76527_reduce_leaves_non_root_arrays_unchanged(
+    world_size: int, name: str
+) -> None:
+    """pytorch#76527: Gloo's reduce writes partial sums into non-root buffers. Here, by
+    both algorithms (reduce-scatter + gather by recursive halving and by the ring)."""
     n = world_size
     async with open_local_world(n, chunk_bytes=CHUNK_BYTES) as comms:
+        force(comms, "reduce", name)
         for root in range(n):
             for op in ("sum", "max"):
                 await check_reduce(comms, root, 50, "float64", op, root)
+                await check_reduce(comms, root, 7, "float64", op, root)
 
 
 # -- mismatches -------------------------------------------------------------------------------
@@ -563,8 +667,45 @@ async def test_mismatch_raises_on_every_rank(
     odd: Callable[[Communicator], Awaitable[Any]],
     fragments: tuple[str, ...],
 ) -> None:
+    await one_mismatch(n, None, usual, odd, fragments)
+
+
+REDUCE_MISMATCHES = [m for m in MISMATCHES if m[0] in ("root", "reduce-op", "reduce-kind")]
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 5])
+@pytest.mark.parametrize("name", REDUCE_ALGORITHMS)
+@pytest.mark.parametrize(
+    ("case", "usual", "odd", "fragments"),
+    REDUCE_MISMATCHES,
+    ids=[m[0] for m in REDUCE_MISMATCHES],
+)
+async def test_reduce_mismatch_by_either_algorithm(
+    n: int,
+    name: str,
+    case: str,
+    usual: Callable[[Communicator], Awaitable[Any]],
+    odd: Callable[[Communicator], Awaitable[Any]],
+    fragments: tuple[str, ...],
+) -> None:
+    """Reduce's mismatches by each algorithm forced: reduce-scatter + gather has no
+    agreement round of its own, its first frames carry the root."""
+    await one_mismatch(n, name, usual, odd, fragments)
+
+
+async def one_mismatch(
+    n: int,
+    name: str | None,
+    usual: Callable[[Communicator], Awaitable[Any]],
+    odd: Callable[[Communicator], Awaitable[Any]],
+    fragments: tuple[str, ...],
+) -> None:
+    """Rank 1 runs ``odd``, the others ``usual``: every rank raises CollectiveMismatchError
+    naming both sides, none hangs."""
     errors: dict[int, BaseException] = {}
     async with open_local_world(n) as comms:
+        if name is not None:
+            force(comms, "reduce", name)
 
         async def one(comm: Communicator) -> None:
             try:
@@ -589,13 +730,23 @@ def test_real_processes(tmp_path: Path, transport: str) -> None:
         assert report["errors"] == [], report["errors"]
 
 
-@pytest.mark.parametrize(("collective", "victim"), [("reduce_scatter", 3), ("reduce", 2)])
-def test_sigkill_during_the_collective(tmp_path: Path, collective: str, victim: int) -> None:
+@pytest.mark.parametrize(
+    ("collective", "algorithm", "victim"),
+    [
+        ("reduce_scatter", "ring", 3),
+        ("reduce", "tree", 2),
+        ("reduce", "reduce_scatter_gather", 2),
+    ],
+)
+def test_sigkill_during_the_collective(
+    tmp_path: Path, collective: str, algorithm: str, victim: int
+) -> None:
     """A rank SIGKILLs itself in the middle of the collective (at its third reduction of a
     chunk; rank 2 has a child in reduce's tree at world 4): every survivor raises promptly,
     none hangs."""
     args = [sys.executable, "-m", "trioring", "run", "-n", "4", "--transport", "unix"]
     args += ["--no-tag-output", str(WORKER), "kill", str(tmp_path), collective, str(victim)]
+    args += [algorithm]
     process = subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
     assert process.returncode != 0, process.stdout + process.stderr
     assert not (tmp_path / f"rank{victim}.json").exists()
@@ -635,6 +786,39 @@ async def test_sizes_on_both_sides_of_the_table_are_a_mismatch(
         assert all(isinstance(e, trioring.CollectiveMismatchError) for e in errors.values())
 
 
+@pytest.mark.parametrize("world_size", range(2, 10))
+@pytest.mark.parametrize("odd_is_large", [True, False])
+async def test_reduce_sizes_on_both_sides_of_the_table_are_a_mismatch(
+    monkeypatch: pytest.MonkeyPatch, world_size: int, odd_is_large: bool
+) -> None:
+    """As above for reduce: one rank's call runs reduce-scatter + gather while the others
+    run the tree (the threshold lowered to 8 bytes), or the other way round, with either
+    reduce-scatter (the ring for the large array of 9 float64s, recursive halving for 8)."""
+    monkeypatch.setattr(_decision, "SMALL_REDUCE_BYTES", 8)
+    n = world_size
+    for large_count in (8, 9):
+        for odd_rank in range(n):
+            errors: dict[int, BaseException] = {}
+            async with open_local_world(n, chunk_bytes=CHUNK_BYTES) as comms:
+
+                async def one(
+                    comm: Communicator,
+                    odd_rank: int = odd_rank,
+                    errors: dict[int, BaseException] = errors,
+                    large_count: int = large_count,
+                ) -> None:
+                    large = (comm.rank == odd_rank) == odd_is_large
+                    try:
+                        await comm.reduce(np.zeros(large_count if large else 1), root=n - 1)
+                    except trioring.TrioringError as exc:
+                        errors[comm.rank] = exc
+
+                with trio.fail_after(10):
+                    await on_every_rank(comms, one)
+            assert sorted(errors) == list(range(n)), (odd_rank, errors)
+            assert all(isinstance(e, trioring.CollectiveMismatchError) for e in errors.values())
+
+
 @pytest.mark.parametrize("world_size", [2, 3, 4, 5, 8])
 async def test_unbuffered_streams_do_not_deadlock(world_size: int) -> None:
     """Every algorithm over connections without any buffer (every send waits for its
@@ -649,10 +833,15 @@ async def test_unbuffered_streams_do_not_deadlock(world_size: int) -> None:
                 await check_reduce_scatter(comms, 1, block, "float32", "sum")
                 counts = [(i * 5) % 3 for i in range(n)] if name == "ring" else [1] * n
                 await check_reduce_scatterv(comms, 2, counts, "float32", "max")
-            await check_reduce(comms, 3, 41, "float32", "sum", n - 1)
+            for name in REDUCE_ALGORITHMS:
+                force(comms, "reduce", name)
+                await check_reduce(comms, 3, 41, "float32", "sum", n - 1)
+                await check_reduce(comms, 4, 3, "float32", "sum", 0)
 
 
-@pytest.mark.parametrize("collective", ["reduce_scatter", "reduce_scatterv", "reduce"])
+@pytest.mark.parametrize(
+    "collective", ["reduce_scatter", "reduce_scatterv", "reduce", "reduce_scatter_gather"]
+)
 async def test_cancelling_one_rank_reaches_every_rank(
     collective: str, autojump_clock: trio.testing.MockClock
 ) -> None:
@@ -662,6 +851,7 @@ async def test_cancelling_one_rank_reaches_every_rank(
     n = 4
     errors: dict[int, BaseException] = {}
     async with open_local_world(n, chunk_bytes=CHUNK_BYTES) as comms:
+        force(comms, "reduce", "reduce_scatter_gather" if collective.endswith("gather") else "tree")
 
         async def call(comm: Communicator) -> None:
             x = np.ones(n * 40, np.float32)

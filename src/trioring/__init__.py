@@ -1,5 +1,6 @@
-"""trioring: Trio-native collective communication (allreduce, broadcast, barrier) for numpy
-arrays across processes, over TCP or Unix sockets."""
+"""trioring: Trio-native collective communication (allreduce, broadcast, allgather,
+reduce_scatter, gather, scatter, alltoall, scan, ...) for numpy arrays across processes,
+over TCP or Unix sockets."""
 
 # The public submodules too, so that `import trioring` is enough for
 # `trioring.testing.open_local_world` (as the reference shows it). Cheap: they only re-export

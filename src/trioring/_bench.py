@@ -3,9 +3,9 @@
 The launcher side (:func:`bench_command`) starts N ranks of this module
 (``python -m trioring._bench``) with :func:`trioring._launcher.launch`; each rank runs
 :func:`rank_main`. Every iteration is timed on every rank; the time of an iteration is the
-slowest rank's. Every result is checked (allreduce of ``rank + 1`` everywhere must give
-``n (n + 1) / 2`` times the op's identity pattern, broadcast must give the root's values),
-outside the timed region; a wrong result makes the run fail.
+slowest rank's. Every result is checked outside the timed region (what each collective's
+inputs are, what its sizes mean and how its result is checked: :mod:`._bench_cases`); a
+wrong result makes the run fail.
 
 After each check, every rank enters a barrier (not timed), as the OSU micro-benchmarks do:
 otherwise one rank's check (a pass over the whole array) would run while the others are
@@ -25,6 +25,8 @@ import numpy as np
 import trio
 
 import trioring
+
+from ._bench_cases import CASES
 
 SIZE_SUFFIXES = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
 
@@ -87,36 +89,20 @@ async def _measure(
     *,
     back_to_back: bool,
 ) -> dict[str, Any]:
-    n, r = comm.world_size, comm.rank
+    n = comm.world_size
+    case = CASES[collective]
     count = max(1, size // dtype.itemsize) if collective != "barrier" else 0
-    if collective == "allreduce":
-        value = r + 1 if op in ("sum", "mean", "max", "min") else 1 + (r == 0)
-        expected_value = {
-            "sum": n * (n + 1) // 2,
-            "mean": (n + 1) / 2,
-            "max": n,
-            "min": 1,
-            "prod": 2,
-        }[op]
-    else:
-        value, expected_value = r + 1, n  # broadcast from the last rank
-    array = np.empty(count, dtype=dtype)
-    expected = np.full(count, expected_value, dtype=dtype)
+    cell = case.prepare(comm, count, dtype, op)
     iterations = _iterations(size)
     warmup = warmup_iterations(iterations)
     times = np.zeros(warmup + iterations, dtype=np.float64)
     errors = 0
     for i in range(len(times)):
-        array.fill(value)
+        cell.reset()
         start = time.perf_counter()
-        if collective == "allreduce":
-            await comm.allreduce(array, op=op)
-        elif collective == "broadcast":
-            await comm.broadcast(array, root=n - 1)
-        else:
-            await comm.barrier()
+        result = await cell.call()
         times[i] = time.perf_counter() - start
-        if collective != "barrier" and not np.array_equal(array, expected):
+        if not cell.check(result):
             errors += 1
         if not back_to_back:
             await comm.barrier()
@@ -126,15 +112,13 @@ async def _measure(
     total_errors = np.array([errors], dtype=np.int64)
     await comm.allreduce(total_errors)
     median = float(np.median(times))
-    nbytes = count * dtype.itemsize
-    algbw = nbytes / median / 1e9 if nbytes else 0.0
-    factor = 2 * (n - 1) / n if collective == "allreduce" else 1.0
+    algbw = cell.nbytes / median / 1e9 if cell.nbytes else 0.0
     return {
         "collective": collective,
-        "size": nbytes,
-        "count": count,
+        "size": cell.nbytes,
+        "count": cell.nbytes // dtype.itemsize,
         "dtype": dtype.name,
-        "op": op if collective == "allreduce" else None,
+        "op": op if case.reduces else None,
         "world_size": n,
         "transport": comm.transport,
         "iterations": iterations,
@@ -142,14 +126,14 @@ async def _measure(
         "p10_us": float(np.percentile(times, 10)) * 1e6,
         "p90_us": float(np.percentile(times, 90)) * 1e6,
         "algbw_GBps": algbw,
-        "busbw_GBps": algbw * factor,
+        "busbw_GBps": algbw * case.factor(n),
         "errors": int(total_errors[0]),
         "back_to_back": back_to_back,
     }
 
 
 HEADER = (
-    f"{'collective':>10} {'size':>8} {'count':>10} {'dtype':>8} {'op':>5} "
+    f"{'collective':>15} {'size':>8} {'count':>10} {'dtype':>8} {'op':>5} "
     f"{'median us':>11} {'p10 us':>10} {'p90 us':>10} {'algbw GB/s':>10} {'busbw GB/s':>10} "
     f"{'errors':>6}"
 )
@@ -157,7 +141,7 @@ HEADER = (
 
 def format_row(row: dict[str, Any]) -> str:
     return (
-        f"{row['collective']:>10} {format_size(row['size']):>8} {row['count']:>10} "
+        f"{row['collective']:>15} {format_size(row['size']):>8} {row['count']:>10} "
         f"{row['dtype']:>8} {row['op'] or '-':>5} {row['median_us']:>11.1f} "
         f"{row['p10_us']:>10.1f} {row['p90_us']:>10.1f} {row['algbw_GBps']:>10.3f} "
         f"{row['busbw_GBps']:>10.3f} {row['errors']:>6}"

@@ -15,6 +15,7 @@ import platform
 import sys
 from typing import TYPE_CHECKING, Any
 
+from trioring._bench_cases import CASES, DEFAULT_COLLECTIVES
 from trioring._launcher import DEFAULT_GRACE, TRANSPORTS, LaunchSpec, run
 
 if TYPE_CHECKING:
@@ -113,7 +114,7 @@ def _build_parser() -> argparse.ArgumentParser:
 
     bench_parser = commands.add_parser(
         "bench",
-        help="benchmark allreduce / broadcast / barrier on this machine (nccl-tests style)",
+        help="benchmark the collectives on this machine (nccl-tests style)",
         description=(
             "Start N ranks on this machine and time the collectives over a range of sizes: "
             "median, p10 and p90 of the slowest rank per iteration, algorithm and bus "
@@ -144,14 +145,15 @@ def _build_parser() -> argparse.ArgumentParser:
     bench_parser.add_argument(
         "--collective",
         action="append",
-        choices=("allreduce", "broadcast", "barrier"),
-        help="collective to time (repeatable; default all three)",
+        choices=(*CASES, "all"),
+        help="collective to time (repeatable; 'all' for every one; default allreduce, "
+        "broadcast and barrier). Sizes are nccl-tests': the larger of one rank's buffers",
     )
     bench_parser.add_argument(
         "--op",
         default="sum",
-        choices=("sum", "mean", "min", "max", "prod"),
-        help="reduce op of the allreduce (default sum)",
+        choices=("sum", "mean", "min", "max", "prod", "band", "bor", "bxor"),
+        help="reduce op of allreduce, reduce, reduce_scatter(v), scan and exscan (default sum)",
     )
     bench_parser.add_argument(
         "--dtype", default="float32", help="numpy dtype of the arrays (default float32)"
@@ -194,6 +196,14 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return 1
 
 
+def _collectives(chosen: list[str] | None) -> list[str]:
+    if not chosen:
+        return list(DEFAULT_COLLECTIVES)
+    if "all" in chosen:
+        return list(CASES)
+    return list(dict.fromkeys(chosen))
+
+
 def _bench(args: argparse.Namespace) -> int:
     from trioring._bench import parse_sizes
 
@@ -202,9 +212,16 @@ def _bench(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"trioring bench: {exc}", file=sys.stderr)
         return 2
+    collectives = _collectives(args.collective)
+    if args.op == "mean" and {"scan", "exscan"} & set(collectives):
+        print(
+            "trioring bench: scan and exscan have no 'mean' op; time them with another --op",
+            file=sys.stderr,
+        )
+        return 2
     config = {
         "sizes": sizes,
-        "collectives": args.collective or ["allreduce", "broadcast", "barrier"],
+        "collectives": collectives,
         "op": args.op,
         "dtype": args.dtype,
         "json": args.json,

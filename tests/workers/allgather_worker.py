@@ -2,7 +2,8 @@
 ``allgather_worker.py SCENARIO OUT_DIR INDEX [ARGS...]`` (see ``_worker_util`` for the marker
 files and the JSON report).
 
-- ``check``: both algorithms of allgather and allgatherv, forced in turn, at several sizes
+- ``check``: every algorithm of allgather and allgatherv that runs at this world size
+  (recursive doubling only at a power of two), forced in turn, at several sizes
   (0, 1, below the world size, odd, across the 1 MiB chunk), checked against numpy; the
   report holds the errors and a digest of every result, which must be the same on every rank.
 - ``kill GATED``: ``agreed`` (a small allgather), then a ring allgather of 16 MiB per rank
@@ -41,7 +42,8 @@ async def check(
     n, rank = comm.world_size, comm.rank
     errors: list[str] = []
     digest = hashlib.sha256()
-    for name in ("bruck", "ring"):
+    names = ["bruck", "ring"] + (["recursive_doubling"] if n & (n - 1) == 0 else [])
+    for name in names:
         comm._force_algorithm("allgather", name)
         comm._force_algorithm("allgatherv", name)
         for seed, count in enumerate((0, 1, n - 1, 1023, 300_001)):

@@ -2,14 +2,15 @@
 
 ``trioring run -n N --transport T reduce_worker.py MODE OUT_DIR [ARGS]``. Modes:
 
-- ``check``: reduce_scatter, reduce_scatterv and reduce at several sizes and ops, checked
-  against numpy (inputs integer-valued, so exact in any order); the report
-  (``rank{RANK}.json``) lists any errors.
-- ``kill COLLECTIVE VICTIM``: every rank runs COLLECTIVE (``reduce_scatter`` or ``reduce``,
-  root 0) on 16 MiB of float32 (1 MiB chunks); rank VICTIM SIGKILLs itself at its third
-  reduction of a chunk, in the middle of the call. Survivors report what they raised and
-  how long after the victim's death, measured from the call's start. They ignore SIGTERM,
-  so that the launcher's teardown after the victim's death does not race their report.
+- ``check``: reduce_scatter, reduce_scatterv and reduce (by both algorithms) at several
+  sizes and ops, checked against numpy (inputs integer-valued, so exact in any order); the
+  report (``rank{RANK}.json``) lists any errors.
+- ``kill COLLECTIVE VICTIM ALGORITHM``: every rank runs COLLECTIVE (``reduce_scatter`` or
+  ``reduce``, root 0) by ALGORITHM (forced) on 16 MiB of float32 (1 MiB chunks); rank
+  VICTIM SIGKILLs itself at its third reduction of a chunk, in the middle of the call.
+  Survivors report what they raised and how long after the victim's death, measured from
+  the call's start. They ignore SIGTERM, so that the launcher's teardown after the
+  victim's death does not race their report.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import numpy as np
 import trio
 
 import trioring
-from trioring import _algorithms
+from trioring._collectives._allreduce import UFUNCS as SUM_UFUNCS, ReduceOp
 
 UFUNCS = {"sum": np.add, "min": np.minimum, "max": np.maximum, "prod": np.multiply}
 
@@ -58,17 +59,23 @@ async def check(comm: trioring.Communicator, errors: list[str]) -> None:
         start = sum(counts[:r])
         if not np.array_equal(mine, expected[start : start + counts[r]]):
             errors.append(f"reduce_scatterv {dtype}{counts} {op}: wrong result")
-        for root in (0, n - 1):
-            inputs = [make(seed, q, n * block + 1, dtype) for q in range(n)]
-            y = inputs[r].copy()
-            await comm.reduce(y, root=root, op=op)
-            want = UFUNCS[op].reduce(np.stack(inputs), axis=0) if r == root else inputs[r]
-            if not np.array_equal(y, want):
-                errors.append(f"reduce {dtype}[{y.size}] {op} root {root}: wrong on rank {r}")
+        for algorithm in ("tree", "reduce_scatter_gather"):
+            comm._force_algorithm("reduce", algorithm)
+            for root in (0, n - 1):
+                inputs = [make(seed, q, n * block + 1, dtype) for q in range(n)]
+                y = inputs[r].copy()
+                await comm.reduce(y, root=root, op=op)
+                want = UFUNCS[op].reduce(np.stack(inputs), axis=0) if r == root else inputs[r]
+                if not np.array_equal(y, want):
+                    errors.append(
+                        f"{algorithm} reduce {dtype}[{y.size}] {op} root {root}: wrong on rank {r}"
+                    )
+        comm._force_algorithm("reduce", None)
 
 
-def kill_at_third_reduction(function_name: str) -> None:
-    original = getattr(_algorithms, function_name)
+def kill_at_third_reduction() -> None:
+    """Make the sum, whichever algorithm reduces with it, SIGKILL this process the third
+    time it runs: the ufunc that the collectives hand the algorithms is replaced."""
     calls = [0]
 
     def counting(a: Any, b: Any, out: Any) -> Any:
@@ -77,13 +84,7 @@ def kill_at_third_reduction(function_name: str) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         return np.add(a, b, out=out)
 
-    async def wrapper(*args: Any, **kwargs: Any) -> None:
-        args_list = list(args)
-        index = 5 if function_name == "ring_reduce_scatter" else 4  # the ufunc
-        args_list[index] = counting
-        await original(*args_list, **kwargs)
-
-    setattr(_algorithms, function_name, wrapper)
+    SUM_UFUNCS[ReduceOp.SUM] = counting  # type: ignore[assignment]
 
 
 async def main(mode: str, out_dir: Path, args: list[str]) -> int:
@@ -97,11 +98,10 @@ async def main(mode: str, out_dir: Path, args: list[str]) -> int:
             if mode == "check":
                 await check(comm, errors)
             else:
-                collective, victim = args[0], int(args[1])
+                collective, victim, algorithm = args[0], int(args[1]), args[2]
+                comm._force_algorithm(collective, algorithm)
                 if rank == victim:
-                    kill_at_third_reduction(
-                        "ring_reduce_scatter" if collective == "reduce_scatter" else "tree_reduce"
-                    )
+                    kill_at_third_reduction()
                 x = np.ones(4 * 1024 * 1024, np.float32)
                 await comm.barrier()
                 started = time.monotonic()

@@ -2,8 +2,9 @@
 each call returns.
 
 ``python stress_worker.py ITERATIONS OUT_DIR`` under ``trioring run``. Iteration i uses an odd
-element count and a dtype chosen from i, an allreduce (exact integer sums, or float min/max)
-and a broadcast from root ``i % n``. In each iteration about half of the ranks (roles rotate) check
+element count and a dtype chosen from i, an allreduce (exact integer sums, or float min/max),
+a broadcast from root ``i % n``, and an allgather, gather, scatter and alltoall of blocks of
+an odd ``count / n``, rooted at ``i % n``. In each iteration about half of the ranks (roles rotate) check
 their result against numpy, and the other half overwrite their array with garbage as soon as
 the call returns: a rank that returned while a peer could still read its array would corrupt
 that peer's result, which the peer's check catches. ``STRESS_NO_CMA_RANK=r`` makes rank r
@@ -33,6 +34,48 @@ def make(i: int, rank: int, count: int, dtype: np.dtype) -> np.ndarray:
         return rng.standard_normal(count).astype(dtype)
     # Small values: an exact sum in every dtype (uint8 wraps identically everywhere anyway).
     return rng.integers(0, 50, count).astype(dtype)
+
+
+async def copies(
+    comm: trioring.Communicator,
+    i: int,
+    dtype: np.dtype,
+    count: int,
+    checker: bool,
+    errors: list[str],
+) -> None:
+    """The collectives that only copy: a rank that is not checking overwrites its input the
+    moment the call returns, which would corrupt a peer still reading it."""
+    n, rank, root = comm.world_size, comm.rank, i % comm.world_size
+    inputs = [make(i, q, count, dtype) for q in range(n)]
+    what = f"#{i} {dtype}[{count}] root {root}"
+    x = inputs[rank].copy()
+    got = await comm.allgather(x)
+    if not checker:
+        x.fill(7)
+    elif not np.array_equal(got, np.stack(inputs)):
+        errors.append(f"allgather {what}")
+    x = inputs[rank].copy()
+    got = await comm.gather(x, root=root)
+    if not checker:
+        x.fill(7)
+    elif rank == root and not np.array_equal(got, np.stack(inputs)):
+        errors.append(f"gather {what}")
+    blocks = np.stack(inputs) if rank == root else None
+    got = await comm.scatter(blocks, root=root)
+    if blocks is not None and not checker:
+        blocks.fill(7)
+    elif checker and not np.array_equal(got, inputs[rank]):
+        errors.append(f"scatter {what}")
+    sent = [make(i + 1000 * q, rank, count, dtype) for q in range(n)]
+    x = np.stack(sent)
+    got = await comm.alltoall(x)
+    if not checker:
+        x.fill(7)
+    elif not np.array_equal(
+        got, np.stack([make(i + 1000 * rank, q, count, dtype) for q in range(n)])
+    ):
+        errors.append(f"alltoall {what}")
 
 
 async def main(iterations: int, out_dir: Path) -> int:
@@ -72,6 +115,7 @@ async def main(iterations: int, out_dir: Path) -> int:
                     array.fill(7)
                 elif not np.array_equal(array, inputs[root]):
                     errors.append(f"broadcast #{i} {dtype}[{count}] root {root}")
+                await copies(comm, i, dtype, count // n | 1, checker, errors)
             features = sorted(comm.features)
     report = {"rank": rank, "errors": errors, "features": features}
     (out_dir / f"rank{rank}.json").write_text(json.dumps(report))

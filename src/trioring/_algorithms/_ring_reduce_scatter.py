@@ -4,11 +4,11 @@ unchanged.
 Cost (Thakur, Rabenseifner and Gropp 2005): (n-1) alpha + ((n-1)/n) m beta
 + ((n-1)/n) m gamma, for n ranks and m bytes: bandwidth-optimal, latency linear in n.
 
-Not ring_allreduce's first phase (``_ring``) reused: that one reduces in place in the
-caller's array, which allreduce overwrites anyway, and pipelines into the all-gather, with
-each rank finishing the block after its own. Here the input stays unchanged, every rank
-finishes its own block, and blocks may differ in size (reduce_scatterv), so the partial
-results travel through buffers of one block each.
+Ring allreduce's first phase (``_ring``) reduces in place in the caller's array, which
+allreduce overwrites anyway, each rank finishing the block after its own. Here the input
+stays unchanged, every rank finishes its own block, and blocks may differ in size
+(reduce_scatterv), so the partial results travel through buffers of one block each; the
+steps themselves are the shared ring step (``_ring_steps``).
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .._concurrency import run_concurrently
-from ._steps import bytes_of, chunks
+from ._ring_steps import RingStep, ring_steps
 
 if TYPE_CHECKING:
     from .._wire import OpSpec
@@ -49,7 +48,9 @@ async def ring_reduce_scatter(
 
     Scratch: one chunk for the incoming data, and the partial results in two buffers of one
     block, alternating: when every block has the size of ``out``, ``out`` itself is one of
-    them, so the scratch is one block (m/n) and one chunk.
+    them, so the scratch is one block (m/n) and one chunk. The steps pipeline chunk by chunk
+    (:func:`~trioring._algorithms._ring_steps.ring_steps`), except that a step does not
+    overwrite a buffer before the step that sends it has finished.
     """
     n, r = world.size, world.rank
     if n == 1:
@@ -63,44 +64,24 @@ async def ring_reduce_scatter(
     first = np.empty(largest if n > 2 else 0, dtype)
     uniform = all(size == out.shape[0] for size in sizes)
     second = out if uniform else np.empty(largest if n > 3 else 0, dtype)
-    scratch = world.scratch[: chunk * dtype.itemsize].view(dtype)
-    left, right = world.links[(r - 1) % n], world.links[(r + 1) % n]
     last = n - 2
-
-    def partial(step: int) -> np.ndarray:
-        """Where step ``step``'s partial result goes (the last step's into ``out``)."""
-        if step == last:
-            return out
-        return first if (last - step) % 2 else second
-
-    with np.errstate(all="ignore"):
-        for step in range(n - 1):
-            send_block = (r - step - 1) % n
-            recv_block = (r - step - 2) % n
-            source = flat if step == 0 else partial(step - 1)
-            source_base = 0 if step == 0 else bounds[send_block]
-            target = partial(step)
-            recv_base = bounds[recv_block]
-            finish = divide and step == last
-
-            async def send(
-                source: np.ndarray = source, base: int = source_base, block: int = send_block
-            ) -> None:
-                for offset, count in chunks(bounds[block], bounds[block + 1], chunk):
-                    await right.send(spec, offset, bytes_of(source, offset - base, count))
-
-            async def receive(
-                target: np.ndarray = target,
-                base: int = recv_base,
-                block: int = recv_block,
-                finish: bool = finish,
-            ) -> None:
-                for offset, count in chunks(bounds[block], bounds[block + 1], chunk):
-                    incoming = scratch[:count]
-                    await left.recv(spec, offset, incoming.view(np.uint8).data)
-                    into = target[offset - base : offset - base + count]
-                    reduce(flat[offset : offset + count], incoming, out=into)
-                    if finish:
-                        np.divide(into, n, out=into)
-
-            await run_concurrently(send, receive)
+    steps = []
+    for step in range(n - 1):
+        # Step s receives block r-s-2's partial result (reduced by ranks r-s-1, ..., r-1),
+        # reduces this rank's input into it, and sends it on in step s+1.
+        block = (r - step - 2) % n
+        target = out if step == last else first if (last - step) % 2 else second
+        steps.append(
+            RingStep(
+                bounds[block],
+                bounds[block + 1],
+                target,
+                bounds[block],
+                flat,
+                divide and step == last,
+            )
+        )
+    send = (r - 1) % n
+    await ring_steps(
+        world, spec, chunk, (flat, 0, bounds[send], bounds[send + 1]), steps, reduce, reuse=True
+    )

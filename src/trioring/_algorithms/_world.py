@@ -82,7 +82,9 @@ def awaited_ranks(world: World, spec: OpSpec) -> list[int]:
     if slots is not None and world.shm_waiting is spec:
         late = set(world.shm_late)
         ranks.update(
-            peer for peer, word in zip(slots.peers, slots.peer_words, strict=True) if word in late
+            peer
+            for peer, word, done in zip(slots.peers, slots.peer_words, slots.peer_done, strict=True)
+            if word in late or done in late
         )
     return sorted(ranks)
 

@@ -24,16 +24,73 @@ import numpy as np
 
 from .. import _algorithms
 from .._errors import CollectiveMismatchError, ProtocolError
+from .._onehost import _copies
+from .._onehost._shm import SHM_MAX_BYTES
+from .._wire import DTYPE_CODES
 from ._checks import Refused, check_array, check_out
-from ._decision import allgather as decide
+from ._decision import allgather as decide, copy_unrunnable
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Sequence
 
     from .._algorithms import World
     from .._wire import OpSpec
+    from ._checks import Plan
 
-__all__ = ["body", "body_v", "check", "check_v"]
+__all__ = ["body", "body_v", "check", "check_v", "plan_allgather", "plan_allgatherv", "unrunnable"]
+
+#: The algorithms, by the name that the decision table and forcing use.
+_ALGORITHMS = {
+    "shm": _copies.shm_allgather,
+    "cma": _copies.cma_allgather,
+    "bruck": _algorithms.bruck_allgather,
+    "recursive_doubling": _algorithms.recursive_doubling_allgather,
+    "ring": _algorithms.ring_allgather,
+}
+
+
+def unrunnable(collective: str, name: str, world: World, block_nbytes: int) -> str | None:
+    """Why the forced algorithm ``name`` cannot run this allgather(v) here (with blocks of
+    ``block_nbytes``, for allgather); None if it can."""
+    if (why := copy_unrunnable(collective, name, world, block_nbytes)) is not None:
+        return why
+    if name == "recursive_doubling" and not _algorithms.is_power_of_two(world.size):
+        return (
+            f"the forced {collective} algorithm 'recursive_doubling' needs a power-of-two "
+            f"world size, not {world.size}"
+        )
+    return None
+
+
+def plan_allgather(world: World, forced: str | None, x: object, out: object) -> Plan[Any]:
+    """Everything allgather needs before any I/O: the checks, the step and the identity;
+    or Refused."""
+    flat, result, gathered = check(x, out, world.size, world.rank)
+    if forced is not None and (why := unrunnable("allgather", forced, world, flat.nbytes)):
+        raise Refused(why)
+    identity = {"dtype_code": DTYPE_CODES[flat.dtype], "count": flat.shape[0]}
+    return result, body(forced, world, flat, gathered), identity
+
+
+def plan_allgatherv(
+    world: World, forced: str | None, x: object, out: object
+) -> Plan[list[np.ndarray[Any, Any]]]:
+    """Everything allgatherv needs before any I/O, as :func:`plan_allgather`; the list it
+    returns is filled once the call is done."""
+    flat, rows, trailing, gathered = check_v(x, out, world.size)
+    if forced is not None and (why := unrunnable("allgatherv", forced, world, 0)):
+        raise Refused(why)
+    parts: list[np.ndarray[Any, Any]] = []
+    run = body_v(forced, world, flat, rows, trailing, gathered, parts)
+    identity = {"dtype_code": DTYPE_CODES[flat.dtype], "count": len(trailing) + 2}
+    return parts, run, identity
+
+
+def _onehost(world: World, block_nbytes: int | None) -> tuple[bool, bool]:
+    """(whether the shared segment can take blocks of ``block_nbytes``: never for
+    allgatherv's blocks of differing sizes, None; whether cross-memory attach was agreed)."""
+    shm = world.shm is not None and block_nbytes is not None and block_nbytes <= SHM_MAX_BYTES
+    return shm, world.peer_pids is not None
 
 
 def check(
@@ -71,8 +128,8 @@ def body(
     count = flat.shape[0]
     bounds = [i * count for i in range(world.size + 1)]
     if name is None:
-        name = decide(gathered.nbytes)
-    algorithm = _algorithms.bruck_allgather if name == "bruck" else _algorithms.ring_allgather
+        name = decide(gathered.nbytes, world.size, _onehost(world, flat.nbytes))
+    algorithm = _ALGORITHMS[name]
 
     async def run(spec: OpSpec) -> None:
         _place(flat, gathered, bounds, world.rank)
@@ -128,13 +185,10 @@ def body_v(
             bounds.append(bounds[-1] + peer_rows * size)
         gathered = np.empty(bounds[n], dtype=flat.dtype) if out is None else out
         _place(flat, gathered, bounds, r)
-        chosen = decide(gathered.nbytes) if name is None else name
+        chosen = decide(gathered.nbytes, n, _onehost(world, None)) if name is None else name
         if n > 1:
             data = attrs.evolve(spec, count=bounds[n])
-            if chosen == "bruck":
-                await _algorithms.bruck_allgather(world, data, gathered, bounds)
-            else:
-                await _algorithms.ring_allgather(world, data, gathered, bounds)
+            await _ALGORITHMS[chosen](world, data, gathered, bounds)
         parts[:] = [
             gathered[bounds[i] : bounds[i + 1]].reshape(all_rows[i], *trailing) for i in range(n)
         ]

@@ -13,25 +13,47 @@ broadcast   "cma" and nbytes > CMA_MIN_BYTES                        ``cma``
 broadcast   otherwise                                               ``tree``
 barrier     "shm"                                                   ``shm``
 barrier     otherwise                                               ``dissemination``
+allgather   "shm" and each rank's block <= SHM_MAX_BYTES            ``shm``
+allgather   "cma" and total nbytes > CMA_MIN_COPY_BYTES             ``cma``
+allgather   n a power of 2, total <= SMALL_POW2_ALLGATHER_BYTES     ``recursive_doubling``
 allgather   total nbytes <= SMALL_ALLGATHER_BYTES                   ``bruck``
 allgather   otherwise                                               ``ring``
-allgatherv  total nbytes <= SMALL_ALLGATHER_BYTES                   ``bruck``
-allgatherv  otherwise                                               ``ring``
+allgatherv  as allgather (total nbytes, once the counts are known),  as allgather
+            but never ``shm`` (blocks of differing sizes)
+alltoall    "shm" and nbytes <= SHM_MAX_BYTES                       ``shm``
+alltoall    "cma" and nbytes > CMA_MIN_COPY_BYTES                   ``cma``
+alltoall    block nbytes <= SMALL_ALLTOALL_BLOCK_BYTES and n >= 4   ``bruck``
+alltoall    otherwise                                               ``pairwise``
+alltoallv   any sizes                                               ``pairwise``
+gather      "shm" and each rank's block <= SHM_MAX_BYTES            ``shm``
+gather      "cma" and total nbytes > CMA_MIN_COPY_BYTES             ``cma``
+gather      otherwise (an agreement round, then the binomial tree)  ``tree``
+gatherv     any sizes                                               ``tree``
+scatter     "cma", an array on the root, total > CMA_MIN_COPY_BYTES  ``cma``
+scatter     otherwise (a header round, then the binomial tree)      ``tree``
+scatterv    any sizes                                               ``tree``
 ==========  ======================================================  ======================
 
-===============  ===================================  =========
-collective       condition (see REDUCE_FAMILY below)  algorithm
-===============  ===================================  =========
-reduce_scatter   nbytes <= min(SMALL_REDUCE_SCATTER_BYTES,  ``recursive_halving``
-                 chunk_bytes)
-reduce_scatter   otherwise                            ``ring``
-reduce_scatterv  as reduce_scatter (total nbytes)     as reduce_scatter
-reduce           any size                             ``tree``
-===============  ===================================  =========
+===============  ===================================================  =========================
+collective       condition (see REDUCE_FAMILY below)                  algorithm
+===============  ===================================================  =========================
+reduce_scatter   nbytes <= min(SMALL_REDUCE_SCATTER_BYTES, chunk)     ``recursive_halving``
+reduce_scatter   otherwise                                            ``ring``
+reduce_scatterv  as reduce_scatter (total nbytes)                     as reduce_scatter
+reduce           nbytes <= SMALL_REDUCE_BYTES, or n <= 2              ``tree``
+reduce           otherwise                                            ``reduce_scatter_gather``
+===============  ===================================================  =========================
 
-The world size enters only through the limits: the shared-memory allreduce needs 2 p arrays'
-worth of scratch (p the largest power of two <= world size). A world of one runs whichever
-is chosen without any I/O.
+==========  ==================================  ======================
+collective  condition (see SCAN_FAMILY below)   algorithm
+==========  ==================================  ======================
+scan        any size, chunk by chunk            ``recursive_doubling``
+exscan      any size, chunk by chunk            ``recursive_doubling``
+==========  ==================================  ======================
+
+The world size enters through the limits (the shared-memory allreduce needs 2 p arrays'
+worth of scratch, p the largest power of two <= world size) and where a row names it. A
+world of one runs whichever is chosen without any I/O.
 
 Forcing (for tests and experts): ``Communicator._force_algorithm(collective, name)``, or
 ``TRIORING_ALGORITHM=allreduce=ring,broadcast=tree`` read by ``open_communicator()``,
@@ -53,19 +75,29 @@ from .._onehost._shm import SHM_MAX_BYTES
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from .._algorithms import World
+
 __all__ = [
     "ALGORITHMS",
     "CMA_MIN_BYTES",
     "SMALL_ALLGATHER_BYTES",
     "SMALL_ALLREDUCE_BYTES",
+    "SMALL_ALLTOALL_BLOCK_BYTES",
+    "SMALL_POW2_ALLGATHER_BYTES",
+    "SMALL_REDUCE_BYTES",
     "SMALL_REDUCE_SCATTER_BYTES",
     "allgather",
     "allreduce",
+    "alltoall",
+    "alltoallv",
     "barrier",
     "broadcast",
+    "gather",
     "parse_forced",
     "reduce",
     "reduce_scatter",
+    "scan",
+    "scatter",
 ]
 
 #: Arrays up to this size (and the scratch buffer, DEFAULT_CHUNK_BYTES) are allreduced by
@@ -80,11 +112,25 @@ SMALL_ALLREDUCE_BYTES = 1024 * 1024
 #: the sockets were faster for both collectives (allreduce 369-615 us against 621-960 at
 #: world 4), at 1 MiB the two were even, and from 2 MiB cross-memory attach was 2-3x faster.
 CMA_MIN_BYTES = 512 * 1024
+#: The collectives that only copy (allgather, gather, scatter, alltoall) go by cross-memory
+#: attach above this many bytes (the larger of one rank's buffers), when every rank agreed to
+#: use it, and by the shared segment when what a rank writes there fits its slot
+#: (SHM_MAX_BYTES). Measured with bench/thresholds.py (float32, Unix transport, 2 shared
+#: cores, other work running; median of 9-11 alternating rounds of 10 calls, slowest rank):
+#: allgather by cma against recursive doubling at world 2: 215 against 145 us at 64 KiB,
+#: 267/299 at 256 KiB, 589/633 at 1 MiB, 1319/2245 at 4 MiB; at world 4: even at 256 KiB,
+#: 1322/1049 at 1 MiB, 2842/4709 at 4 MiB. Alltoall by cma against pairwise at world 2:
+#: 71/50 us at 64 KiB, 85/77 at 256 KiB, 235/279 at 1 MiB, 700/1222 at 4 MiB; at world 4
+#: even at 256-512 KiB, 2240/1940 at 1 MiB, 4439/5939 at 4 MiB. So the copies win from a
+#: few MiB at both worlds, lose below 1 MiB at world 4. Through the segment, at every size it
+#: takes: allgather 90-96 against 105-115 us at world 2, 270-285 against 341-392 at world 4;
+#: alltoall 82-85 against 108-120 (pairwise) at world 2, 336-373 against 667-769 at world 4.
+CMA_MIN_COPY_BYTES = 2 * 1024 * 1024
 #: Allgathers (and allgathervs) of up to this many bytes in all go by Bruck's algorithm
 #: (ceil(log2 n) rounds at any world size), larger ones by the ring (bandwidth-optimal, n-1
-#: steps). MPICH's defaults (Thakur, Rabenseifner and Gropp 2005): recursive doubling for
-#: power-of-two worlds below 512 KiB in all, Bruck below 80 KiB otherwise, ring above;
-#: trioring has no recursive doubling allgather (Bruck takes as many rounds). Measured here
+#: steps), unless the world size is a power of two (SMALL_POW2_ALLGATHER_BYTES). MPICH's
+#: defaults (Thakur, Rabenseifner and Gropp 2005): recursive doubling for power-of-two
+#: worlds below 512 KiB in all, Bruck below 80 KiB otherwise, ring above. Measured here
 #: (median of 50-200 float32 allgathers, Unix and TCP, 2 shared cores, 1 MiB chunks): the
 #: ring's tasks cost it ~100 us at world 2 and ~700 us at world 4 on small arrays, so Bruck
 #: won up to 256 KiB in all (79-117 against 179-231 us at world 2, 510-590 against 970-1040
@@ -92,22 +138,37 @@ CMA_MIN_BYTES = 512 * 1024
 #: halves no longer fitting the socket buffers), at 512 KiB the two were even at world 4,
 #: and at 1 MiB the ring won at both. No one-host path yet.
 SMALL_ALLGATHER_BYTES = 256 * 1024
+#: At a power-of-two world size, allgathers (and allgathervs) of up to this many bytes in
+#: all go by recursive doubling (log2 n exchanges, every block landing in place: Bruck's
+#: rounds without its rotation, and the ring's bandwidth without its n-1 steps); MPICH
+#: stops at 512 KiB, Open MPI takes it at every size below 32 ranks. Measured here (median
+#: of 100 float32 allgathers per algorithm, in 5 alternating blocks of one run, the slowest
+#: rank's time, Unix transport, 2 shared cores, 1 MiB chunks; bruck / recursive doubling /
+#: ring, us): at world 2, 1 KiB 52 / 49 / 160, 64 KiB 61 / 55 / 243, 512 KiB 494 / 130 /
+#: 314, 2 MiB 1993 / 448 / 748, 16 MiB 11016 / 3953 / 4071, 64 MiB 51432 / 32429 / 33134;
+#: at world 4, 1 KiB 324 / 343 / 1210 (even with Bruck), 64 KiB 356 / 267 / 1172, 512 KiB
+#: 1305 / 497 / 1461, 2 MiB 4353 / 1102 / 2494, 16 MiB 31893 / 12768 / 15554, 64 MiB
+#: 150109 / 71351 / 76275; at world 8, 64 KiB 976 / 863 / 3681, 1 MiB 5769 / 1897 / 5138,
+#: 16 MiB 69273 / 33371 / 35453. So it won (or tied) at every size measured, up to 64 MiB,
+#: the limit here; above, unmeasured, Bruck and the ring as at other world sizes (the ring
+#: talks to neighbours only, MPICH's reason for it on long messages).
+SMALL_POW2_ALLGATHER_BYTES = 64 * 1024 * 1024
 
 #: Every algorithm of every collective, by the name that forcing uses.
 ALGORITHMS: dict[str, tuple[str, ...]] = {
     "allreduce": ("shm", "cma", "recursive_doubling", "ring"),
     "broadcast": ("shm", "cma", "tree"),
     "barrier": ("shm", "dissemination"),
-    "allgather": ("bruck", "ring"),
-    "allgatherv": ("bruck", "ring"),
+    "allgather": ("shm", "cma", "bruck", "recursive_doubling", "ring"),
+    "allgatherv": ("cma", "bruck", "recursive_doubling", "ring"),
     "reduce_scatter": ("recursive_halving", "ring"),
     "reduce_scatterv": ("recursive_halving", "ring"),
-    "reduce": ("tree",),
-    "gather": ("tree",),
+    "reduce": ("tree", "reduce_scatter_gather"),
+    "gather": ("shm", "cma", "tree"),
     "gatherv": ("tree",),
-    "scatter": ("tree",),
+    "scatter": ("cma", "tree"),
     "scatterv": ("tree",),
-    "alltoall": ("bruck", "pairwise"),
+    "alltoall": ("shm", "cma", "bruck", "pairwise"),
     "alltoallv": ("pairwise",),
     "scan": ("recursive_doubling",),
     "exscan": ("recursive_doubling",),
@@ -115,16 +176,34 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
 
 # REDUCE_FAMILY: reduce_scatter and reduce_scatterv go by recursive halving up to
 # SMALL_REDUCE_SCATTER_BYTES (and one chunk: it sends each half in one frame, through the
-# scratch buffer), by the ring above; reduce by the binomial tree. Thakur, Rabenseifner and Gropp (2005) cost the ring reduce-scatter at
-# (n-1) alpha + ((n-1)/n) m (beta + gamma): bandwidth-optimal, and MPICH's choice for long
-# messages is its pairwise exchange, the same cost; for short ones (< 512 KiB in all,
-# commutative ops, which all of trioring's are) MPICH uses recursive halving,
-# log2 n alpha + ((n-1)/n) m (beta + gamma), and SMALL_REDUCE_SCATTER_BYTES is that limit,
-# not yet measured here. For reduce, MPICH takes the binomial tree,
-# ceil(log2 n) (alpha + m beta + m gamma), up to 2 KiB and Rabenseifner's reduce-scatter +
-# gather, 2 log2 n alpha + 2 ((n-1)/n) m beta + ((n-1)/n) m gamma, above: not written yet,
-# so reduce has one row. No one-host path for the family yet.
-SMALL_REDUCE_SCATTER_BYTES = 512 * 1024
+# scratch buffer), by the ring above; reduce by the binomial tree up to SMALL_REDUCE_BYTES
+# (and at world 2), by reduce-scatter + gather above. Thakur, Rabenseifner and Gropp (2005)
+# cost the ring reduce-scatter at (n-1) alpha + ((n-1)/n) m (beta + gamma):
+# bandwidth-optimal, and MPICH's choice for long messages is its pairwise exchange, the
+# same cost; for short ones (< 512 KiB in all, commutative ops, which all of trioring's
+# are) MPICH uses recursive halving, log2 n alpha + ((n-1)/n) m (beta + gamma).
+#
+# Measured here (median of 100 float32 calls per algorithm, in 5 alternating blocks of one
+# run, the slowest rank's time, Unix transport, 2 shared cores, 1 MiB chunks; recursive
+# halving / ring, us): at world 2, 4 KiB 73 / 173, 256 KiB 127 / 267, 512 KiB 235 / 361,
+# 1 MiB 416 / 572; at world 4, 4 KiB 448 / 1060, 256 KiB 602 / 1366, 512 KiB 808 / 1561,
+# 1 MiB 1254 / 2134. Recursive halving won at every size it takes (up to the scratch
+# buffer, one chunk), so SMALL_REDUCE_SCATTER_BYTES is that chunk, not MPICH's 512 KiB.
+SMALL_REDUCE_SCATTER_BYTES = 1024 * 1024
+# For reduce, MPICH takes the binomial tree, ceil(log2 n) (alpha + m beta + m gamma), up to
+# 2 KiB (REDUCE_SHORT) and Rabenseifner's reduce-scatter + gather,
+# 2 log2 n alpha + 2 ((n-1)/n) m beta + ((n-1)/n) m gamma, above: the root receives about
+# 2 m instead of ceil(log2 n) whole arrays, and the work is spread over the ranks. At world 2
+# both move m into the root, and reduce-scatter + gather takes more steps: the tree always.
+# Measured here as above (tree / reduce-scatter + gather, us, root 0): at world 2, 256 B
+# 57 / 137, 2 KiB 60 / 136, 128 KiB 94 / 183, 2 MiB 712 / 1277, 8 MiB 2107 / 3982; at world
+# 4, 256 B 313 / 447, 2 KiB 239 / 393, 128 KiB 379 / 563, 2 MiB 2133 / 3844, 8 MiB 7129 /
+# 14991; at world 8, 128 KiB 2407 / 3465, 8 MiB 21411 / 28882, 32 MiB 72871 / 101683. The
+# tree won at every size measured: on one host with fewer cores than ranks, the total work
+# decides, and reduce-scatter + gather moves more bytes in all (about n m against the
+# tree's (n-1) m) in more steps. So the threshold is the largest size measured, 32 MiB,
+# far above MPICH's 2 KiB, which is for ranks on separate hosts; remeasure there.
+SMALL_REDUCE_BYTES = 32 * 1024 * 1024
 
 
 def allreduce(nbytes: int, shm_bytes: int, cma: bool, small_bytes: int) -> str:
@@ -155,9 +234,20 @@ def barrier(*, shm: bool) -> str:
     return "shm" if shm else "dissemination"
 
 
-def allgather(total_nbytes: int) -> str:
+def allgather(
+    total_nbytes: int, world_size: int, onehost: tuple[bool, bool] = (False, False)
+) -> str:
     """The allgather and allgatherv row, by the bytes gathered on every rank (for
-    allgatherv known only after the counts are exchanged, identically on every rank)."""
+    allgatherv known only after the counts are exchanged, identically on every rank), the
+    world size, and (whether the shared segment takes this call's blocks, whether
+    cross-memory attach was agreed)."""
+    shm, cma = onehost
+    if shm:
+        return "shm"
+    if cma and total_nbytes > CMA_MIN_COPY_BYTES:
+        return "cma"
+    if total_nbytes <= SMALL_POW2_ALLGATHER_BYTES and world_size & (world_size - 1) == 0:
+        return "recursive_doubling"
     return "bruck" if total_nbytes <= SMALL_ALLGATHER_BYTES else "ring"
 
 
@@ -168,9 +258,109 @@ def reduce_scatter(nbytes: int, small_bytes: int) -> str:
     return "recursive_halving" if nbytes <= small_bytes else "ring"
 
 
-def reduce() -> str:
-    """The reduce row (see REDUCE_FAMILY above)."""
+def reduce(nbytes: int, world_size: int) -> str:
+    """The reduce row for an array of ``nbytes`` (see REDUCE_FAMILY above)."""
+    if nbytes <= SMALL_REDUCE_BYTES or world_size <= 2:
+        return "tree"
+    return "reduce_scatter_gather"
+
+
+#: Alltoalls whose blocks (the bytes one rank sends to one other) are at most this large
+#: go by Bruck's algorithm at world sizes of 4 and more: ceil(log2 n) rounds, each sending
+#: about half of the array; larger blocks, and worlds of 2 and 3 (where Bruck takes as many
+#: rounds as the pairwise exchange takes steps, plus its packing), by the pairwise exchange
+#: (n-1 steps, each byte sent once). MPICH: Bruck for blocks <= 256 B (p >= 8), isend/irecv
+#: up to 32 KiB, pairwise above; Open MPI: Bruck at p >= 32 for blocks under 512 B-2 KiB.
+#: Measured here (uint8 blocks, Unix transport via ``trioring run``, 2 shared cores, both
+#: algorithms forced in alternating blocks of 10 calls in one run, the slowest rank's
+#: median of 21-31 blocks): at world 2 pairwise won at every size (107 against 150 us up
+#: to 4 KiB: one step either way); at world 3 by 35-50 us (161-168 against 199-220 us up
+#: to 4 KiB); at world 4 the two were even up to 256 B (196-206 against 202-215 us), Bruck
+#: 3 % behind at 1 KiB (218-222 against 210-216 us), 10 % at 4 KiB and 30 % at 16 KiB; at
+#: worlds 6 and 8 (oversubscribed, so CPU-bound) Bruck won at every size to 4 KiB (world
+#: 8: 704-898 against 1003-1129 us). 1 KiB: even at world 4, ahead where Bruck saves
+#: more than one round.
+SMALL_ALLTOALL_BLOCK_BYTES = 1024
+
+
+def alltoall(
+    block_nbytes: int, world_size: int, onehost: tuple[bool, bool] = (False, False)
+) -> str:
+    """The alltoall row for blocks of ``block_nbytes`` (the same on every rank whose call
+    agrees: the frames carry dtype and element count) at ``world_size``, and (whether the
+    shared segment takes this call's input, whether cross-memory attach was agreed)."""
+    shm, cma = onehost
+    if shm:
+        return "shm"
+    if cma and block_nbytes * world_size > CMA_MIN_COPY_BYTES:
+        return "cma"
+    if world_size >= 4 and block_nbytes <= SMALL_ALLTOALL_BLOCK_BYTES:
+        return "bruck"
+    return "pairwise"
+
+
+def alltoallv() -> str:
+    """The alltoallv row: the block sizes are known only after the counts exchange (and
+    differ per pair), so the pairwise exchange always; the counts themselves, one small
+    int64 vector per pair, go by Bruck."""
+    return "pairwise"
+
+
+# SCAN_FAMILY: scan and exscan go by recursive doubling (MPICH's default for both; Thakur,
+# Rabenseifner and Gropp 2005), ceil(log2 n) (alpha + m beta + m gamma), run once per chunk
+# of chunk_bytes so that its scratch stays two chunks. At the sizes a scan is mostly used
+# for (a count per rank, an offset into a shared output) latency is all that counts. Large
+# arrays pay ceil(log2 n) m beta, where a chain pipelined in chunks would pay about m beta
+# plus n - 1 hops of latency: not written, so there is nothing to choose yet.
+
+
+def scan() -> str:
+    """The scan and exscan row (see SCAN_FAMILY above)."""
+    return "recursive_doubling"
+
+
+# GATHER_FAMILY: gather, gatherv, scatter and scatterv go by the binomial tree at every size,
+# MPICH's choice for both (Thakur, Rabenseifner and Gropp 2005): ceil(log2 n) alpha +
+# ((n-1)/n) m beta, for m bytes gathered at (scattered from) the root, latency-optimal and,
+# since the root receives (sends) every byte but its own once, as good as any algorithm
+# on the root's link. Each call first takes a dissemination round (ceil(log2 n) alpha) so
+# that a disagreement raises on every rank (see _collectives._gather). Not measured here.
+
+
+def gather(total_nbytes: int = 0, onehost: tuple[bool, bool] = (False, False)) -> str:
+    """The gather row for ``total_nbytes`` gathered at the root, and (whether the shared
+    segment takes this call's blocks, whether cross-memory attach was agreed); gatherv's
+    blocks are known only after a first exchange: it passes nothing, for the tree."""
+    shm, cma = onehost
+    if shm:
+        return "shm"
+    if cma and total_nbytes > CMA_MIN_COPY_BYTES:
+        return "cma"
     return "tree"
+
+
+def scatter(total_nbytes: int = 0, cma: bool = False) -> str:
+    """The scatter row for ``total_nbytes`` scattered from the root's array (known on every
+    rank after the first round; a list on the root, or scatterv, passes nothing, for the
+    tree), with cross-memory attach or without."""
+    return "cma" if cma and total_nbytes > CMA_MIN_COPY_BYTES else "tree"
+
+
+def copy_unrunnable(collective: str, name: str, world: World, nbytes: int) -> str | None:
+    """Why the forced one-host algorithm ``name`` of a copying collective (allgather,
+    gather, scatter, alltoall) cannot move ``nbytes`` (what one rank writes to the shared
+    segment) here; None if it can, or if ``name`` is not a one-host algorithm."""
+    if name == "shm":
+        if world.shm is None:
+            return f"the forced {collective} algorithm 'shm' needs the \"shm\" feature"
+        if nbytes > SHM_MAX_BYTES:
+            return (
+                f"the forced {collective} algorithm 'shm' takes at most {SHM_MAX_BYTES} bytes "
+                f"per rank, not {nbytes}"
+            )
+    elif name == "cma" and world.peer_pids is None:
+        return f"the forced {collective} algorithm 'cma' needs the \"cma\" feature"
+    return None
 
 
 def check_forced(collective: str, name: str, *, source: str = "forced algorithm") -> None:

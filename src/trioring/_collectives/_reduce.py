@@ -173,9 +173,22 @@ def reduce_body(
     name: str, world: World, flat: np.ndarray, root: int, reduce_op: ReduceOp
 ) -> Callable[[OpSpec], Awaitable[None]]:
     """The Communicator's step that reduces ``flat`` into root's by the algorithm ``name``
-    (only ``"tree"`` today)."""
-    assert name == "tree", name
+    (``"tree"`` or ``"reduce_scatter_gather"``, whose reduce-scatter is the one the
+    reduce_scatter row picks for ``flat``'s size, so that it runs at any size)."""
     ufunc, divide = UFUNCS[reduce_op], reduce_op is ReduceOp.MEAN
+    if name == "reduce_scatter_gather":
+        halving = _decision.reduce_scatter(flat.nbytes, small_bytes(world)) != "ring"
+
+        async def reduce_scatter_then_gather(spec: OpSpec) -> None:
+            # No agreement round: the reduce-scatter's first frames go to rank r+1 (the
+            # ring's step, recursive halving's first round), and they carry the root, so
+            # ranks that disagree about it find out there, before anyone waits for the root.
+            await _algorithms.reduce_scatter_gather(
+                world, spec, flat, root, ufunc, divide=divide, halving=halving
+            )
+
+        return reduce_scatter_then_gather
+    assert name == "tree", name
 
     async def agree_then_reduce(spec: OpSpec) -> None:
         # Agree first, as broadcast does: in a tree, ranks that disagree about the root could
@@ -229,7 +242,7 @@ def plan_reduce(
 ) -> Plan[None]:
     """Everything reduce needs before any I/O, as :func:`plan_reduce_scatter`; or Refused."""
     flat, reduce_op, checked_root = check_reduce(array, op, root, world.size)
-    name = forced if forced is not None else _decision.reduce()
+    name = forced if forced is not None else _decision.reduce(flat.nbytes, world.size)
     body = reduce_body(name, world, flat, checked_root, reduce_op)
     identity = {
         "dtype_code": DTYPE_CODES[flat.dtype],

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .._collectives import _allgather, _checks
+from .._collectives import _allgather
 from .._core import CommunicatorCore
-from .._wire import DTYPE_CODES, Kind
+from .._wire import Kind
 
 if TYPE_CHECKING:
     import numpy as np
-
-    pass
 
 __all__ = ["AllgatherMethods"]
 
@@ -38,29 +36,30 @@ class AllgatherMethods(CommunicatorCore):
                 ``out.reshape(-1)[i * x.size:(i + 1) * x.size]``. ``x`` may be this rank's
                 block of ``out`` (in place), but must not overlap it otherwise.
 
-        Algorithm: up to ``SMALL_ALLGATHER_BYTES`` gathered in all, Bruck's algorithm
-        (``ceil(log2 n)`` rounds at any world size); above, a ring (``n - 1`` steps,
-        streamed in chunks, bandwidth-optimal). See the algorithms page.
+        Algorithm: at a power-of-two world size, up to ``SMALL_POW2_ALLGATHER_BYTES``
+        gathered in all, recursive doubling (``log2 n`` exchanges with partners ``rank ^
+        2^k``, every block landing in place); otherwise up to ``SMALL_ALLGATHER_BYTES``,
+        Bruck's algorithm (``ceil(log2 n)`` rounds at any world size, and one local
+        rotation); above, a ring (``n - 1`` steps, streamed in chunks, bandwidth-optimal).
+        See the algorithms page and the decision table. On one host (the ``"shm"`` and
+        ``"cma"`` entries of :attr:`features`): blocks of up to ``SHM_MAX_BYTES`` go through
+        the shared segment (every rank publishes its block and the call, then copies every
+        peer's); above ``CMA_MIN_COPY_BYTES`` gathered in all, every rank reads every peer's
+        block by cross-memory attach, each byte copied once straight from where it is to
+        where it goes; the caller may overwrite its arrays as soon as the call returns.
 
         Raises:
-            InvalidArgumentError: bad ``x`` or ``out`` (before any I/O; the communicator
-                stays usable).
+            InvalidArgumentError: bad ``x`` or ``out``, or a forced ``recursive_doubling``
+                at a world size that is not a power of two (before any I/O; the
+                communicator stays usable).
             CollectiveError: see :meth:`allreduce`; :class:`~trioring.CollectiveMismatchError`
                 when ranks pass different dtypes or element counts.
         """
         kind = Kind.ALLGATHER
-        try:
-            flat, result, gathered = _allgather.check(x, out, self._world_size, self._rank)
-        except _checks.Refused as exc:
-            raise self._invalid(kind, str(exc)) from None
-        name = self._forced.get("allgather") if self._forced else None
-        await self._run(
+        return await self._execute(
             kind,
-            _allgather.body(name, self._world, flat, gathered),
-            dtype_code=DTYPE_CODES[flat.dtype],
-            count=flat.shape[0],
+            lambda: _allgather.plan_allgather(self._world, self._forced.get(kind.label), x, out),
         )
-        return result
 
     async def allgatherv(
         self, x: np.ndarray[Any, Any], *, out: np.ndarray[Any, Any] | None = None
@@ -88,27 +87,20 @@ class AllgatherMethods(CommunicatorCore):
                 the counts are known (every rank's capacity travels with its counts).
 
         Algorithm: as :meth:`allgather`, chosen by the total size once the counts are
-        known; the counts themselves go by Bruck's algorithm.
+        known (identically on every rank), never through the shared segment (its slots
+        hold blocks of one size); the counts themselves go by Bruck's algorithm.
 
         Raises:
-            InvalidArgumentError: bad ``x`` or ``out`` (before any I/O; the communicator
-                stays usable).
+            InvalidArgumentError: bad ``x`` or ``out``, or a forced ``recursive_doubling``
+                at a world size that is not a power of two (before any I/O; the
+                communicator stays usable).
             CollectiveError: see :meth:`allreduce`. :class:`~trioring.CollectiveMismatchError`
                 on every rank when ranks pass different dtypes, numbers of dimensions or
                 trailing shapes, or when some rank's ``out`` does not hold the total (the
                 communicator is then broken, as for any mismatch).
         """
         kind = Kind.ALLGATHERV
-        try:
-            flat, rows, trailing, gathered = _allgather.check_v(x, out, self._world_size)
-        except _checks.Refused as exc:
-            raise self._invalid(kind, str(exc)) from None
-        name = self._forced.get("allgatherv") if self._forced else None
-        parts: list[np.ndarray[Any, Any]] = []
-        await self._run(
+        return await self._execute(
             kind,
-            _allgather.body_v(name, self._world, flat, rows, trailing, gathered, parts),
-            dtype_code=DTYPE_CODES[flat.dtype],
-            count=len(trailing) + 2,
+            lambda: _allgather.plan_allgatherv(self._world, self._forced.get(kind.label), x, out),
         )
-        return parts

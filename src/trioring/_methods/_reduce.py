@@ -105,21 +105,37 @@ class ReduceMethods(CommunicatorCore):
     ) -> None:
         """Reduce ``array`` element-wise across all ranks into ``root``'s ``array``, in
         place there. **Non-root arrays are left unchanged**, even if the call fails or is
-        cancelled (only read; they must still be writable): partial results go through two
-        chunks of scratch, never through the caller's buffer. The root's ``array`` holds the
-        result (its contents are unspecified after a failure).
+        cancelled (only read; they must still be writable): partial results go through
+        scratch, never through the caller's buffer. The root's ``array`` holds the result
+        (its contents are unspecified after a failure).
 
         Every rank passes the same dtype, element count, op and ``root`` (checked: a
         disagreement raises :class:`~trioring.CollectiveMismatchError`, never a hang). Ops
         and their dtype rules are :meth:`allreduce`'s. The order of operations is fixed by
-        the world size and the root, never by timing: in virtual ranks ``v = (rank - root)
-        mod n``, each rank reduces its own array with its children's partial results in the
-        binomial tree, ``((x_v op P_(v+1)) op P_(v+2)) op P_(v+4) ...``; the root divides a
-        mean by ``world_size`` once.
+        the world size, the size of the array and the root, never by timing, so two runs
+        give bitwise the same result; it is the algorithm's:
 
-        Algorithm: a dissemination round of tokens carrying the call's identity (as in
-        :meth:`broadcast`), then a binomial tree reduce, chunk by chunk: ``ceil(log2 n)``
-        hops, the root receiving ``ceil(log2 n)`` arrays.
+        - by the binomial tree (up to ``SMALL_REDUCE_BYTES``, and always at world 2): in
+          virtual ranks ``v = (rank - root) mod n``, each rank reduces its own array with
+          its children's partial results, ``((x_v op P_(v+1)) op P_(v+2)) op P_(v+4)
+          ...``; the root divides a mean by ``world_size`` once.
+        - by reduce-scatter + gather (above): the array is cut into ``world_size`` blocks
+          (block ``j``: elements ``[j * size // n, (j + 1) * size // n)``), each reduced as
+          :meth:`reduce_scatter` reduces it (by the ring, ``x_j op (x_(j-1) op (... op
+          x_(j+1)))`` in ranks mod n, or, for an array of one chunk at most, by recursive
+          halving in an order fixed by n), whatever the root: so the order differs from
+          the tree's, and a float result may differ from the tree's in the last bits. A
+          mean is divided once, by the rank that finishes each block.
+
+        Algorithm: up to ``SMALL_REDUCE_BYTES`` (or at world 2), a dissemination round of
+        tokens carrying the call's identity (as in :meth:`broadcast`), then a binomial tree
+        reduce, chunk by chunk: ``ceil(log2 n)`` hops, the root receiving ``ceil(log2 n)``
+        arrays; scratch: two chunks. Above (Rabenseifner's algorithm), a reduce-scatter
+        (as :meth:`reduce_scatter` would run it) into scratch of one block per rank, then
+        every rank sends its block to the root, which receives them all at once, straight
+        into place: the root receives about ``2 (n-1)/n`` of the array instead of
+        ``ceil(log2 n)`` arrays; scratch: one block and the reduce-scatter's. See the
+        decision table for the measured threshold.
 
         Raises:
             InvalidArgumentError: bad array or op, or ``root`` not in ``range(world_size)``.

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from .._framing import Link
     from .._wire import OpSpec
 
-__all__ = ["cma_allreduce", "cma_broadcast"]
+__all__ = ["ANNOUNCE", "cma_allreduce", "cma_broadcast", "parse_announce", "read_peer"]
 
 
 # -- cross-memory attach ---------------------------------------------------------------------
@@ -33,11 +33,11 @@ __all__ = ["cma_allreduce", "cma_broadcast"]
 #: How long a copy may hold the thread before it lets other tasks run.
 _SCHEDULE_EVERY_SECONDS = 0.001
 
-_ANNOUNCE = struct.Struct("<QQ")  # address of the array's data, its size in bytes
+ANNOUNCE = struct.Struct("<QQ")  # address of the array's data, its size in bytes
 
 
-def _parse_announce(link: Link, spec: OpSpec, data: bytearray, nbytes: int) -> int:
-    address, announced = _ANNOUNCE.unpack(data)
+def parse_announce(link: Link, spec: OpSpec, data: bytearray, nbytes: int) -> int:
+    address, announced = ANNOUNCE.unpack(data)
     if announced != nbytes:
         raise link.protocol_error(
             spec, f"announced an array of {announced} bytes, expected {nbytes}"
@@ -45,7 +45,7 @@ def _parse_announce(link: Link, spec: OpSpec, data: bytearray, nbytes: int) -> i
     return int(address)
 
 
-async def _read(world: World, spec: OpSpec, peer: int, address: int, into: np.ndarray) -> None:
+async def read_peer(world: World, spec: OpSpec, peer: int, address: int, into: np.ndarray) -> None:
     """Copy ``into.nbytes`` bytes from ``address`` in ``peer``'s memory into ``into``, chunk by
     chunk. Cancellation is noticed after every chunk; other tasks get to run at least every
     millisecond (a schedule point after each chunk would cost more than the copy itself at a
@@ -97,8 +97,8 @@ async def cma_allreduce(
     bounds = [i * total // n for i in range(n + 1)]
     addresses: dict[int, int] = {}
     empty = memoryview(b"")
-    announce = bytearray(_ANNOUNCE.size)
-    mine = memoryview(_ANNOUNCE.pack(flat.ctypes.data, flat.nbytes))
+    announce = bytearray(ANNOUNCE.size)
+    mine = memoryview(ANNOUNCE.pack(flat.ctypes.data, flat.nbytes))
     # The waits for the peers' frames poll briefly like any receive (see Link._recv_some).
     # Parking at once looked right, since the peer waited for is copying megabytes, but the
     # poll's first try yields the CPU, often to that very peer, and a wake-up through the
@@ -114,12 +114,12 @@ async def cma_allreduce(
         for peer in peers:
             link = world.links[peer]
             await link.recv(spec, 0, memoryview(announce))
-            addresses[peer] = address = _parse_announce(link, spec, announce, flat.nbytes)
+            addresses[peer] = address = parse_announce(link, spec, announce, flat.nbytes)
             for offset, count in chunks(lo, hi, chunk):
                 if not count:
                     continue
                 incoming = scratch[:count]
-                await _read(world, spec, peer, address + offset * itemsize, incoming)
+                await read_peer(world, spec, peer, address + offset * itemsize, incoming)
                 target = flat[offset : offset + count]
                 reduce(target, incoming, out=target)
         if divide:
@@ -130,7 +130,7 @@ async def cma_allreduce(
         await world.links[peer].recv(spec, 1, empty)
         start, stop = bounds[peer], bounds[peer + 1]
         if stop > start:
-            await _read(world, spec, peer, addresses[peer] + start * itemsize, flat[start:stop])
+            await read_peer(world, spec, peer, addresses[peer] + start * itemsize, flat[start:stop])
     for peer in peers:
         await world.links[peer].send(spec, 2, empty)
     # The peers have finished reading our array: only now may we return.
@@ -147,7 +147,7 @@ async def cma_broadcast(world: World, spec: OpSpec, flat: np.ndarray, root: int)
     empty = memoryview(b"")
     if r == root:
         peers = [q for q in range(n) if q != r]
-        mine = memoryview(_ANNOUNCE.pack(flat.ctypes.data, flat.nbytes))
+        mine = memoryview(ANNOUNCE.pack(flat.ctypes.data, flat.nbytes))
         for peer in peers:
             await world.links[peer].send(spec, 0, mine)
 
@@ -160,8 +160,8 @@ async def cma_broadcast(world: World, spec: OpSpec, flat: np.ndarray, root: int)
         await run_concurrently(*(listener(peer) for peer in peers))
         return
     link = world.links[root]
-    data = bytearray(_ANNOUNCE.size)
+    data = bytearray(ANNOUNCE.size)
     await link.recv(spec, 0, memoryview(data))
-    address = _parse_announce(link, spec, data, flat.nbytes)
-    await _read(world, spec, root, address, flat.view(np.uint8))
+    address = parse_announce(link, spec, data, flat.nbytes)
+    await read_peer(world, spec, root, address, flat.view(np.uint8))
     await link.send(spec, 1, empty)

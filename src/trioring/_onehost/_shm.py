@@ -16,9 +16,15 @@ connection (``SCM_RIGHTS``) when the communicator opens. Layout, for ``n`` ranks
 Rank r publishes collective ``s`` by writing its payload and the frame header that names
 ``s`` (kind, dtype, count, op, root, seq) into slot ``(s % 2, r)``, then ``s`` into its
 sequence word. A reader that sees a peer's word at ``s`` or later reads that peer's slot
-``(s % 2, q)``. The two-slot rotation is safe because a rank only reaches collective
-``s + 2`` after every rank has published ``s + 1``, that is, after every rank has finished
-reading collective ``s``.
+``(s % 2, q)``, and once it has read all it needs writes ``s`` into its *done* word (the
+next word of its line). Before it writes slot ``(s % 2, r)`` again, for a later collective,
+a rank waits until every peer's done word has reached the collective that last used that
+slot. When every collective goes through the segment, that wait never waits: a rank reaches
+``s + 2`` only after every rank has published ``s + 1``, so after every rank has finished
+reading ``s``. It is there for the collectives in between that go by the sockets, some of
+which let a rank finish without hearing from every rank (a scan's rank 1 hears only from
+rank 0 at world 3): without it, such a rank could overwrite a slot that a slower peer was
+still reading.
 
 The publication order (payload and header first, sequence word last) is all the
 synchronisation there is. x86-64 keeps stores in program order and loads in program order
@@ -116,6 +122,12 @@ class SharedSlots:
         self.peers = [q for q in range(world_size) if q != rank]
         #: Where each peer's sequence word is in :attr:`seqs`.
         self.peer_words = [q * LINE // 8 for q in self.peers]
+        #: The "done" words, beside the sequence words: rank r writes ``s`` into its own
+        #: once it has finished reading the slots of collective ``s``.
+        self.own_done = self.own_word + 1
+        self.peer_done = [word + 1 for word in self.peer_words]
+        #: The last collective this rank published in each slot parity (0: none yet).
+        self.last_used = [0, 0]
         slots = buffer[world_size * LINE :].reshape(2, world_size, SLOT_BYTES)
         self.headers = [[slots[p, q, :48].data for q in range(world_size)] for p in (0, 1)]
         self._payload_rows = slots[:, :, _PAYLOAD_AT:]
@@ -141,8 +153,9 @@ class SharedSlots:
 
     def mark_broken(self) -> None:
         """Tell peers that this rank gave up: a peer that finds this instead of a sequence
-        number looks for the abort frame on the connection (see _shm_collectives._shm_wait)."""
+        number looks for the abort frame on the connection (see _shm_collectives.shm_wait)."""
         if not self.closed:
+            self.seqs[self.own_done] = BROKEN
             self.seqs[self.own_word] = BROKEN
 
     def close(self) -> None:

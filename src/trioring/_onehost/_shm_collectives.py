@@ -19,7 +19,16 @@ if TYPE_CHECKING:
     from .._algorithms import World
     from .._wire import OpSpec
 
-__all__ = ["SHM_SPIN_SECONDS", "shm_allreduce", "shm_barrier", "shm_broadcast"]
+__all__ = [
+    "SHM_SPIN_SECONDS",
+    "shm_allreduce",
+    "shm_barrier",
+    "shm_broadcast",
+    "shm_claim",
+    "shm_done",
+    "shm_publish",
+    "shm_wait",
+]
 
 
 # -- shared memory -------------------------------------------------------------------------
@@ -39,7 +48,30 @@ SHM_SPIN_SECONDS = 0.001
 _SHM_PARK_SECONDS = 0.001
 
 
-def _shm_publish(world: World, spec: OpSpec, nbytes: int) -> None:
+async def shm_claim(world: World, spec: OpSpec) -> None:
+    """Wait until this rank's slot of ``spec``'s parity is free: every peer has finished
+    reading the collective that last used it (see _shm). Call before writing the slot."""
+    slots = world.shm
+    assert slots is not None
+    parity = spec.seq & 1
+    previous = slots.last_used[parity]
+    slots.last_used[parity] = spec.seq
+    seqs = slots.seqs
+    for word in slots.peer_done:
+        if seqs[word] < previous:
+            late = [w for w in slots.peer_done if seqs[w] < previous]
+            await _shm_poll(world, spec, late, previous)
+            return
+
+
+def shm_done(world: World, spec: OpSpec) -> None:
+    """Say that this rank has finished reading the slots of ``spec``'s call."""
+    slots = world.shm
+    assert slots is not None
+    slots.seqs[slots.own_done] = spec.seq
+
+
+def shm_publish(world: World, spec: OpSpec, nbytes: int) -> None:
     """Publish ``spec``'s call, whose payload (``nbytes``) the caller has already written
     into this rank's slot."""
     slots = world.shm
@@ -49,7 +81,7 @@ def _shm_publish(world: World, spec: OpSpec, nbytes: int) -> None:
     slots.seqs[slots.own_word] = spec.seq
 
 
-async def _shm_wait(world: World, spec: OpSpec) -> None:
+async def shm_wait(world: World, spec: OpSpec) -> None:
     """Return once every peer has published ``spec``'s call; raise the precise error if a
     peer published another call, gave up, or died."""
     slots = world.shm
@@ -73,10 +105,11 @@ async def _shm_wait(world: World, spec: OpSpec) -> None:
             raise world.links[peer].header_mismatch(spec, headers[peer])
 
 
-async def _shm_poll(world: World, spec: OpSpec, late: list[int]) -> None:
+async def _shm_poll(world: World, spec: OpSpec, late: list[int], target: int = 0) -> None:
+    """Wait until every word of ``late`` reaches ``target`` (default: ``spec``'s seq)."""
     slots = world.shm
     assert slots is not None
-    seq, seqs = spec.seq, slots.seqs
+    seq, seqs = target or spec.seq, slots.seqs
     any_link = next(iter(world.links.values()))
     waits = any_link.waits
     start = time.perf_counter()
@@ -97,7 +130,7 @@ async def _shm_poll(world: World, spec: OpSpec, late: list[int]) -> None:
         tries += 1
         # Asking Trio for its statistics costs several yields, so only every 4th look.
         if now >= slice_end or (tries % 4 == 0 and statistics().tasks_runnable):
-            await _shm_check_links(world, spec, late)
+            await _shm_check_links(world, spec, late, seq)
             waits.count += 1
             # Who is late is noted only before a checkpoint, the one place a cancellation
             # can reach this wait: a wait that ends in the first looks pays nothing for it.
@@ -107,7 +140,7 @@ async def _shm_poll(world: World, spec: OpSpec, late: list[int]) -> None:
             _shm_check_open(world, spec)
             slice_end = time.perf_counter() + SPIN_SLICE_SECONDS
     while True:
-        await _shm_check_links(world, spec, late)
+        await _shm_check_links(world, spec, late, seq)
         waits.count += 1
         _shm_waiting(world, spec, late)
         try:
@@ -136,7 +169,7 @@ def _shm_check_open(world: World, spec: OpSpec) -> None:
         raise next(iter(world.links.values())).closed_error(spec)
 
 
-async def _shm_check_links(world: World, spec: OpSpec, late: list[int]) -> None:
+async def _shm_check_links(world: World, spec: OpSpec, late: list[int], target: int) -> None:
     """Raise the error that a connection holds, if one has something to read while peers
     have still not published. Nothing legitimate can be there: a peer sends the frames of
     its next call only after finishing this one, which needs every rank's publication."""
@@ -146,8 +179,8 @@ async def _shm_check_links(world: World, spec: OpSpec, late: list[int]) -> None:
     events = slots.events.poll(0)
     if not events:
         return
-    seqs, seq = slots.seqs, spec.seq
-    if all(seqs[word] >= seq for word in late):
+    seqs = slots.seqs
+    if all(seqs[word] >= target for word in late):
         return  # everyone published meanwhile: what arrived belongs to the next call
     link = world.links[slots.link_of_fd[events[0][0]]]
     # Reads the frame: an abort frame, end of stream or another call's frame raises the
@@ -158,8 +191,10 @@ async def _shm_check_links(world: World, spec: OpSpec, late: list[int]) -> None:
 
 async def shm_barrier(world: World, spec: OpSpec) -> None:
     """:func:`barrier` through the shared segment: publish, wait for all."""
-    _shm_publish(world, spec, 0)
-    await _shm_wait(world, spec)
+    await shm_claim(world, spec)
+    shm_publish(world, spec, 0)
+    await shm_wait(world, spec)
+    shm_done(world, spec)
 
 
 async def shm_broadcast(world: World, spec: OpSpec, flat: np.ndarray, root: int) -> None:
@@ -169,12 +204,14 @@ async def shm_broadcast(world: World, spec: OpSpec, flat: np.ndarray, root: int)
     slots = world.shm
     assert slots is not None
     rows = slots.rows(spec.seq & 1, flat.dtype, flat.shape[0])
+    await shm_claim(world, spec)
     if world.rank == root:
         rows[root] = flat
-    _shm_publish(world, spec, flat.nbytes)
-    await _shm_wait(world, spec)
+    shm_publish(world, spec, flat.nbytes)
+    await shm_wait(world, spec)
     if world.rank != root:
         flat[...] = rows[root]
+    shm_done(world, spec)
 
 
 @final
@@ -242,9 +279,10 @@ async def shm_allreduce(
     assert slots is not None
     parity = spec.seq & 1
     rows = slots.rows(parity, flat.dtype, flat.shape[0])
+    await shm_claim(world, spec)
     rows[world.rank] = flat
-    _shm_publish(world, spec, flat.nbytes)
-    await _shm_wait(world, spec)
+    shm_publish(world, spec, flat.nbytes)
+    await shm_wait(world, spec)
     key = (parity, flat.dtype, flat.shape[0])
     plan = world.shm_plans.get(key)
     if plan is None:
@@ -259,3 +297,4 @@ async def shm_allreduce(
         reduce(*plan.last, out=flat)
         if divide:
             np.divide(flat, world.size, out=flat)
+    shm_done(world, spec)

@@ -1,0 +1,252 @@
+"""Alltoall and alltoallv: their argument checks, the exchange of counts that alltoallv
+starts with, and the call into the algorithm that the decision table (or forcing) picked.
+The contracts are :meth:`trioring.Communicator.alltoall`'s and
+:meth:`~trioring.Communicator.alltoallv`'s docstrings.
+
+Frames. An alltoall's frames carry the dtype and the input's element count (n equal
+blocks), so ranks that pass different dtypes or sizes raise
+:class:`CollectiveMismatchError` on the first frame they exchange; both algorithms send
+their first frame to rank r+1, so ranks whose sizes put them on different rows of the
+decision table still meet there. An alltoallv runs in two phases under one sequence
+number: first an alltoall (Bruck) of one small int64 vector per pair of ranks,
+``[rows, *trailing shape]`` (the rows that rank sends to this one), whose frames carry the
+dtype and that vector's length (so a different dtype or number of dimensions is a mismatch
+of frame identity); then the data, by pairwise exchange, under the same identity, each
+block of exactly the size its sender announced. Different trailing shapes are found by
+every rank in the vectors it receives, and every rank raises CollectiveMismatchError.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .. import _algorithms
+from .._errors import CollectiveMismatchError, ProtocolError
+from .._onehost import _copies
+from .._onehost._shm import SHM_MAX_BYTES
+from .._wire import DTYPE_CODES
+from . import _decision
+from ._checks import Refused, check_array, check_out
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from .._algorithms import World
+    from .._wire import OpSpec
+    from ._checks import Plan
+
+__all__ = ["plan_alltoall", "plan_alltoallv"]
+
+
+def plan_alltoall(
+    world: World, forced: str | None, x: object, out: object
+) -> Plan[np.ndarray[Any, Any]]:
+    """Everything alltoall needs before any I/O: the checks, the algorithm (``forced``, or
+    the table's), the step and the identity; or Refused. The result is a new array of
+    ``x``'s shape, or ``out``."""
+    flat = check_array(x, writable=False)
+    assert isinstance(x, np.ndarray)
+    n, total = world.size, flat.shape[0]
+    if total % n:
+        raise Refused(
+            f"the array's {total} elements do not split into {n} equal blocks (its size "
+            "must be a multiple of world_size; use alltoallv for blocks of different sizes)"
+        )
+    block = total // n
+    if out is None:
+        result = np.empty(x.shape, flat.dtype)
+        received = result.reshape(-1)
+    else:
+        received = check_out(out, flat.dtype, total, flat)
+        assert isinstance(out, np.ndarray)
+        result = out
+    if forced is None:
+        shm = world.shm is not None and flat.nbytes <= SHM_MAX_BYTES
+        onehost = (shm, world.peer_pids is not None)
+        name = _decision.alltoall(block * flat.dtype.itemsize, n, onehost)
+    elif (why := _decision.copy_unrunnable("alltoall", forced, world, flat.nbytes)) is not None:
+        raise Refused(why)
+    else:
+        name = forced
+
+    if name == "shm":
+
+        async def run(spec: OpSpec) -> None:
+            await _copies.shm_alltoall(world, spec, flat, received)
+
+    elif name == "cma":
+
+        async def run(spec: OpSpec) -> None:
+            await _copies.cma_alltoall(world, spec, flat, received)
+
+    elif name == "bruck":
+
+        async def run(spec: OpSpec) -> None:
+            await _algorithms.bruck_alltoall(world, spec, flat, received, block)
+
+    else:
+
+        async def run(spec: OpSpec) -> None:
+            sends = [flat[i * block : (i + 1) * block] for i in range(n)]
+            recvs = [received[i * block : (i + 1) * block] for i in range(n)]
+            await _algorithms.pairwise_alltoall(world, spec, sends, recvs)
+
+    identity = {"dtype_code": DTYPE_CODES[flat.dtype], "count": total}
+    return result, run, identity
+
+
+def check_v(
+    xs: object, out: object, world_size: int
+) -> tuple[list[np.ndarray[Any, Any]], list[int], tuple[int, ...], np.ndarray[Any, Any] | None]:
+    """(the arrays flat, their rows, their common trailing shape, ``out`` flat or None), or
+    Refused. In a world of one, ``out``'s size is checked here too (elsewhere only the
+    exchanged counts tell the total)."""
+    if not isinstance(xs, list | tuple):
+        raise Refused(
+            f"alltoallv takes a list of world_size ({world_size}) arrays, one per "
+            f"destination rank, got {type(xs).__name__}"
+        )
+    if len(xs) != world_size:
+        raise Refused(
+            f"alltoallv takes one array per rank: got {len(xs)} arrays at world size {world_size}"
+        )
+    flats: list[np.ndarray[Any, Any]] = []
+    rows: list[int] = []
+    first: np.ndarray[Any, Any] | None = None
+    for i, x in enumerate(xs):
+        try:
+            flat = check_array(x, writable=False)
+        except Refused as exc:
+            raise Refused(f"the array for rank {i}: {exc}") from None
+        assert isinstance(x, np.ndarray)
+        if x.ndim == 0:
+            raise Refused(
+                f"the array for rank {i} has no dimensions; alltoallv needs arrays of at least "
+                "one dimension (their rows vary)"
+            )
+        if first is None:
+            first = x
+        elif x.dtype != first.dtype or x.shape[1:] != first.shape[1:]:
+            raise Refused(
+                f"the arrays must share dtype and trailing shape (x.shape[1:]): the one for "
+                f"rank 0 is {_shape_of(first)}, the one for rank {i} {_shape_of(x)}"
+            )
+        flats.append(flat)
+        rows.append(x.shape[0])
+    assert first is not None  # world_size >= 1
+    trailing = tuple(first.shape[1:])
+    if out is None:
+        return flats, rows, trailing, None
+    received = check_out(out, first.dtype, None, *flats)
+    if world_size == 1 and received.shape[0] != flats[0].shape[0]:
+        raise Refused(
+            f"out= holds {received.shape[0]} elements; in a world of one the alltoallv "
+            f"receives its own {flats[0].shape[0]}"
+        )
+    return flats, rows, trailing, received
+
+
+def plan_alltoallv(
+    world: World, forced: str | None, xs: object, out: object, problems: list[str]
+) -> Plan[list[np.ndarray[Any, Any]]]:
+    """Everything alltoallv needs before any I/O, as :func:`plan_alltoall`; or Refused. The
+    result is the list that the step fills with one view per rank. An ``out=`` that turns
+    out, once the counts are known, not to hold what this rank receives is reported in
+    ``problems`` (the call completes on every rank, into a buffer of its own here)."""
+    flats, rows, trailing, out_flat = check_v(xs, out, world.size)
+    name = forced if forced is not None else _decision.alltoallv()
+    assert name == "pairwise", name
+    parts: list[np.ndarray[Any, Any]] = []
+    body = _body_v(world, flats, rows, trailing, out_flat, parts, problems)
+    identity = {"dtype_code": DTYPE_CODES[flats[0].dtype], "count": len(trailing) + 1}
+    return parts, body, identity
+
+
+def _body_v(
+    world: World,
+    flats: list[np.ndarray[Any, Any]],
+    rows: list[int],
+    trailing: tuple[int, ...],
+    out: np.ndarray[Any, Any] | None,
+    parts: list[np.ndarray[Any, Any]],
+    problems: list[str],
+) -> Callable[[OpSpec], Awaitable[None]]:
+    n, r = world.size, world.rank
+    dtype = flats[0].dtype
+    size = math.prod(trailing)
+
+    async def run(spec: OpSpec) -> None:
+        incoming = rows if n == 1 else await _exchange_rows(spec)
+        bounds = [0]
+        for peer_rows in incoming:
+            bounds.append(bounds[-1] + peer_rows * size)
+        total = bounds[n]
+        if out is not None and out.shape[0] != total:
+            problems.append(
+                f"out= holds {out.shape[0]} elements, but this rank receives {total} "
+                f"({' + '.join(map(str, incoming))} rows of shape {list(trailing)}); the "
+                "call completed on every rank, without out="
+            )
+            received = np.empty(total, dtype)
+        else:
+            received = np.empty(total, dtype) if out is None else out
+        recvs = [received[bounds[i] : bounds[i + 1]] for i in range(n)]
+        await _algorithms.pairwise_alltoall(world, spec, flats, recvs)
+        parts[:] = [recvs[i].reshape(incoming[i], *trailing) for i in range(n)]
+
+    async def _exchange_rows(spec: OpSpec) -> list[int]:
+        """The rows every rank sends to this one, once every rank's trailing shape agreed
+        with this one's."""
+        m = len(trailing) + 1
+        mine = np.empty((n, m), dtype=np.int64)
+        mine[:, 0] = rows
+        mine[:, 1:] = trailing
+        vectors = np.empty((n, m), dtype=np.int64)
+        await _algorithms.bruck_alltoall(world, spec, mine.reshape(-1), vectors.reshape(-1), m)
+        for peer in range(n):
+            peer_rows, peer_trailing = int(vectors[peer, 0]), tuple(vectors[peer, 1:].tolist())
+            if peer_rows < 0 or min(peer_trailing, default=0) < 0:
+                link = world.links[peer]
+                raise ProtocolError(
+                    f"rank {r}: {spec.kind.label} #{spec.seq}: from peer rank {peer}: "
+                    f"impossible counts {vectors[peer].tolist()}",
+                    rank=r,
+                    peer=peer,
+                    job_id=link.job_id,
+                    collective=spec.kind.label,
+                    seq=spec.seq,
+                )
+            if peer_trailing != trailing:
+                raise _mismatch(
+                    world,
+                    spec,
+                    peer,
+                    f"{_describe(spec, dtype, trailing)}, rank {peer}: "
+                    f"{_describe(spec, dtype, peer_trailing)}",
+                )
+        return [int(v) for v in vectors[:, 0]]
+
+    return run
+
+
+def _shape_of(x: np.ndarray[Any, Any]) -> str:
+    return f"{x.dtype.name}{list(x.shape)}"
+
+
+def _describe(spec: OpSpec, dtype: np.dtype[Any], trailing: tuple[int, ...]) -> str:
+    shape = ", ".join(["rows", *(str(d) for d in trailing)])
+    return f"{spec.kind.label} {dtype.name}[{shape}] #{spec.seq}"
+
+
+def _mismatch(world: World, spec: OpSpec, peer: int, detail: str) -> CollectiveMismatchError:
+    return CollectiveMismatchError(
+        f"rank {world.rank}: {detail}",
+        rank=world.rank,
+        peer=peer,
+        job_id=next(iter(world.links.values())).job_id,
+        collective=spec.kind.label,
+        seq=spec.seq,
+    )

@@ -1,0 +1,541 @@
+"""The gather family: gather, gatherv, scatter and scatterv. Their argument checks, what every
+rank must agree on and how each call finds out, and the call into the binomial tree
+(:mod:`trioring._algorithms._tree_gather`), the decision table's only algorithm for them.
+The contracts are the docstrings of :meth:`trioring.Communicator.gather`,
+:meth:`~trioring.Communicator.gatherv`, :meth:`~trioring.Communicator.scatter` and
+:meth:`~trioring.Communicator.scatterv`.
+
+In a tree a rank talks to its parent and children only, so a disagreement that only two
+neighbours can see would leave the others returning (or waiting): each call therefore starts
+with a round in which every rank hears, directly or through others, from every rank (the
+dissemination pattern: round k sends to rank + 2^k and receives from rank - 2^k), and every
+rank decides from what that round brought, the same way. Frames, by call:
+
+- gather: a dissemination barrier whose tokens carry the call's identity (kind, dtype, the
+  element count of every rank's ``x``, root), then the tree's frames with the same identity.
+  Any disagreement (dtype, count, root, kind) is a mismatch of frame identity in the first
+  round, raised on every rank.
+- gatherv: an allgather (Bruck, whose rounds follow the same pattern) of one small int64
+  vector per rank, ``[rows, out= capacity or -1, *trailing shape]``; its frames carry the
+  dtype and the vector's length (so a different dtype or number of dimensions is a mismatch
+  of frame identity). Every rank then checks every vector: different trailing shapes, or a
+  root's ``out=`` that does not hold the total, raise CollectiveMismatchError on every rank.
+  Then the tree, whose frames carry the total element count.
+- scatter and scatterv: only the root knows the dtype and shapes, so the first round is a
+  dissemination of a fixed header of ``HEADER_WORDS`` int64s (frames: dtype int64, count
+  ``HEADER_WORDS``; the root's header travels with every token, and every rank folds in the
+  dtypes and element counts of the ``out=`` arrays passed anywhere as their minimum and
+  maximum); after it every rank knows the root's dtype and block shape and whether every
+  ``out=`` fits, the same on every rank. Then the tree: for an array on the root, frames
+  carrying the dtype and each rank's element count; for a list (and scatterv), each edge
+  first carries the shapes of the receiving subtree's blocks, then its data (frames
+  carrying the subtree's element count). An ``out=`` whose size does not fit the block of
+  a list is found only by its own rank, once its shape has come down the tree: when any
+  rank passed ``out=`` to a list scatter, the call ends with a dissemination barrier, so
+  that rank's mismatch reaches every rank.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+import attrs
+import numpy as np
+
+from .. import _algorithms
+from .._errors import CollectiveMismatchError, ProtocolError
+from .._onehost import _copies
+from .._onehost._shm import SHM_MAX_BYTES
+from .._wire import DTYPE_CODES, DTYPES
+from . import _decision
+from ._checks import Refused, check_array, check_out, check_root
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+    from .._algorithms import World
+    from .._wire import OpSpec
+    from ._checks import Plan
+
+__all__ = ["HEADER_WORDS", "MAX_DIMS", "plan_gather", "plan_gatherv", "plan_scatter"]
+
+#: The most dimensions a scattered block may have (numpy's own limit).
+MAX_DIMS = 64
+# The scatter header, one int64 each: whether the root's part is in, the root's dtype code,
+# form (0: one array, 1: a list), the blocks' number of dimensions, the elements per block
+# (one array; -1 for a list), whether any rank passed out=; then (value, rank) pairs: the
+# least and greatest out= dtype code, the least and greatest out= element count; then the
+# block shape (one array).
+_KNOWN, _DTYPE, _FORM, _NDIM, _COUNT, _ANY_OUT = range(6)
+_DTYPE_MIN, _DTYPE_MAX, _COUNT_MIN, _COUNT_MAX = 6, 8, 10, 12
+_SHAPE = 14
+#: The scatter header's length, in int64s.
+HEADER_WORDS = _SHAPE + MAX_DIMS
+_NOBODY = 2**62  # the rank (and least value) where nobody passed out=
+_ARRAY, _LIST = 0, 1
+
+
+def plan_gather(
+    world: World, forced: str | None, x: object, root: object, out: object
+) -> Plan[np.ndarray[Any, Any] | None]:
+    """Everything gather needs before any I/O: the checks, the step and the identity; or
+    Refused. The result is root's (``out`` or a new array), None elsewhere."""
+    n, r = world.size, world.rank
+    checked_root = check_root(root, n)
+    flat = check_array(x, writable=False)
+    assert isinstance(x, np.ndarray)
+    count = flat.shape[0]
+    result: np.ndarray[Any, Any] | None = None
+    gathered: np.ndarray[Any, Any] | None = None
+    if r == checked_root:
+        if out is None:
+            result = np.empty((n, *x.shape), dtype=flat.dtype)
+            gathered = result.reshape(-1)
+        else:
+            gathered = check_out(out, flat.dtype, n * count)
+            own = gathered[r * count : (r + 1) * count]
+            if np.may_share_memory(flat, gathered) and not _same(flat, own):
+                raise Refused(
+                    "x overlaps out= other than as the root's block of it (out.reshape(-1)"
+                    "[root * x.size:(root + 1) * x.size]); pass a copy of x"
+                )
+            result = out  # type: ignore[assignment]  # checked to be an ndarray
+    if forced is None:
+        shm = world.shm is not None and flat.nbytes <= SHM_MAX_BYTES
+        name = _decision.gather(n * flat.nbytes, (shm, world.peer_pids is not None))
+    elif (why := _decision.copy_unrunnable("gather", forced, world, flat.nbytes)) is not None:
+        raise Refused(why)
+    else:
+        name = forced
+    sizes = [count] * n
+
+    async def agree_then_gather(spec: OpSpec) -> None:
+        if name == "shm":
+            # Every rank publishes the call on the segment: a disagreement raises everywhere.
+            await _copies.shm_gather(world, spec, flat, gathered, checked_root)
+            return
+        await _algorithms.barrier(world, spec)
+        if name == "cma":
+            if gathered is not None:
+                own = gathered[r * count : (r + 1) * count]
+                if not _same(flat, own):
+                    own[...] = flat
+            await _copies.cma_gather(world, spec, flat, gathered, checked_root)
+        else:
+            await _algorithms.tree_gather(world, spec, flat, sizes, checked_root, gathered)
+
+    identity = {"dtype_code": DTYPE_CODES[flat.dtype], "count": count, "root": checked_root}
+    return result, agree_then_gather, identity
+
+
+def plan_gatherv(
+    world: World, forced: str | None, x: object, root: object, out: object
+) -> Plan[list[np.ndarray[Any, Any]] | None]:
+    """Everything gatherv needs before any I/O; or Refused. The result is root's list of
+    parts (filled by the step), None elsewhere."""
+    n, r = world.size, world.rank
+    checked_root = check_root(root, n)
+    flat = check_array(x, writable=False)
+    assert isinstance(x, np.ndarray)
+    if x.ndim == 0:
+        raise Refused("gatherv needs an array of at least one dimension (its rows vary)")
+    rows, trailing = x.shape[0], tuple(x.shape[1:])
+    is_root = r == checked_root
+    target: np.ndarray[Any, Any] | None = None
+    if is_root and out is not None:
+        target = check_out(out, flat.dtype, None)
+        if np.may_share_memory(flat, target):
+            raise Refused("x overlaps out=; pass a copy of x")
+        if n == 1 and target.shape[0] != flat.shape[0]:
+            raise Refused(
+                f"out= holds {target.shape[0]} elements; in a world of one the gatherv "
+                f"gathers x's {flat.shape[0]}"
+            )
+    _tree(forced, _decision.gather())
+    parts: list[np.ndarray[Any, Any]] | None = [] if is_root else None
+    dtype = flat.dtype
+
+    async def exchange_then_gather(spec: OpSpec) -> None:
+        capacity = -1 if target is None else target.shape[0]
+        mine = np.array([rows, capacity, *trailing], dtype=np.int64)
+        m = mine.shape[0]
+        table = np.empty(n * m, dtype=np.int64)
+        table[r * m : (r + 1) * m] = mine
+        if n > 1:
+            await _algorithms.bruck_allgather(world, spec, table, [i * m for i in range(n + 1)])
+        vectors = table.reshape(n, m)
+        all_rows = _check_vectors(world, spec, vectors, dtype, rows, trailing, checked_root)
+        row = math.prod(trailing)
+        sizes = [peer_rows * row for peer_rows in all_rows]
+        total = sum(sizes)
+        gathered = None
+        if is_root:
+            gathered = np.empty(total, dtype=dtype) if target is None else target
+        data = attrs.evolve(spec, count=total)
+        await _algorithms.tree_gather(world, data, flat, sizes, checked_root, gathered)
+        if parts is not None:
+            assert gathered is not None
+            start = 0
+            for peer_rows, size in zip(all_rows, sizes, strict=True):
+                parts.append(gathered[start : start + size].reshape(peer_rows, *trailing))
+                start += size
+
+    identity = {"dtype_code": DTYPE_CODES[dtype], "count": len(trailing) + 2, "root": checked_root}
+    return parts, exchange_then_gather, identity
+
+
+def _check_vectors(
+    world: World,
+    spec: OpSpec,
+    vectors: np.ndarray,
+    dtype: np.dtype[Any],
+    rows: int,
+    trailing: tuple[int, ...],
+    root: int,
+) -> list[int]:
+    """Every rank's rows, once every rank's vector agreed with this one's (the same checks,
+    in the same order, on every rank)."""
+    n, r = world.size, world.rank
+    me = _describe(spec, dtype, rows, trailing)
+    for peer in range(n):
+        peer_rows, peer_trailing = int(vectors[peer, 0]), tuple(vectors[peer, 2:].tolist())
+        if peer_rows < 0 or vectors[peer, 1] < -1 or min(peer_trailing, default=0) < 0:
+            raise ProtocolError(
+                f"rank {r}: {spec.kind.label} #{spec.seq}: from peer rank {peer}: "
+                f"impossible counts {vectors[peer].tolist()}",
+                rank=r,
+                peer=peer,
+                job_id=_job_id(world),
+                collective=spec.kind.label,
+                seq=spec.seq,
+            )
+        if peer_trailing != trailing:
+            theirs = _describe(spec, dtype, peer_rows, peer_trailing)
+            raise _mismatch(world, spec, peer, f"{me}, rank {peer}: {theirs}")
+    all_rows = [int(v) for v in vectors[:, 0]]
+    total = sum(all_rows) * math.prod(trailing)
+    capacity = int(vectors[root, 1])
+    if capacity not in (-1, total):
+        raise _mismatch(
+            world,
+            spec,
+            root,
+            f"{me} (the ranks' arrays hold {total} elements in all), root {root}: out= holds "
+            f"{capacity} elements",
+        )
+    return all_rows
+
+
+def plan_scatter(
+    world: World,
+    forced: str | None,
+    blocks: object,
+    root: object,
+    out: object,
+    *,
+    uneven: bool,
+) -> Plan[list[np.ndarray[Any, Any]]]:
+    """Everything scatter (``uneven`` False) or scatterv needs before any I/O; or Refused.
+    The result is a one-element list, whose element (this rank's block) the root has at
+    once and the other ranks get from the step."""
+    n, r = world.size, world.rank
+    checked_root = check_root(root, n)
+    if forced is not None and (why := _decision.copy_unrunnable("scatter", forced, world, 0)):
+        raise Refused(why)
+    box: list[np.ndarray[Any, Any]] = []
+    if r != checked_root:
+        # The root's blocks decide; whatever a non-root passes as ``blocks`` is ignored.
+        target = None
+        if out is not None:
+            try:
+                target = check_array(out)
+            except Refused as exc:
+                raise Refused(f"out=: {exc}") from None
+        body = _scatter_elsewhere(world, forced, checked_root, out, target, box)
+        return box, body, {"root": checked_root}
+    form, parts, shapes = _check_blocks(blocks, n, uneven=uneven)
+    dtype = parts[0].dtype
+    own_shape = tuple(int(d) for d in shapes[r])
+    own_count = math.prod(own_shape)
+    if out is None:
+        box.append(np.empty(own_shape, dtype=dtype))
+        result = box[0].reshape(-1)
+    else:
+        result = check_out(out, dtype, own_count)
+        own = parts[r] if form == _LIST else parts[0][r * own_count : (r + 1) * own_count]
+        for index, part in enumerate(parts):
+            if np.may_share_memory(part, result) and not (
+                (form == _ARRAY or index == r) and _same(own, result)
+            ):
+                raise Refused(
+                    "out= overlaps the blocks other than as the root's own block; pass a "
+                    "separate buffer"
+                )
+        assert isinstance(out, np.ndarray)
+        box.append(out)
+    header = _blank_header(r, result if out is not None else None)
+    header[_KNOWN], header[_DTYPE], header[_FORM] = 1, DTYPE_CODES[dtype], form
+    header[_NDIM] = shapes.shape[1]
+    if form == _ARRAY:
+        header[_COUNT] = own_count
+        header[_SHAPE : _SHAPE + len(own_shape)] = own_shape
+    else:
+        header[_COUNT] = -1
+
+    async def scatter_from_root(spec: OpSpec) -> None:
+        await _algorithms.disseminate(world, spec, header, _merge)
+        _check_header(world, spec, header, checked_root)
+        if form == _ARRAY:
+            data = attrs.evolve(spec, dtype_code=DTYPE_CODES[dtype], count=own_count)
+            if _scatter_by(world, forced, n * own_count * dtype.itemsize) == "cma":
+                await _copies.cma_scatter(world, data, parts[0], result, checked_root)
+                return
+            sizes = [own_count] * n
+            await _algorithms.tree_scatter(world, data, parts, sizes, checked_root, result)
+            return
+        data = attrs.evolve(spec, dtype_code=DTYPE_CODES[dtype])
+        await _algorithms.tree_scatterv(
+            world, data, checked_root, shapes.shape[1], shapes, parts, lambda _shape: result
+        )
+        if header[_ANY_OUT]:
+            await _algorithms.barrier(world, spec)
+
+    return box, scatter_from_root, {"root": checked_root}
+
+
+def _check_blocks(
+    blocks: object, n: int, *, uneven: bool
+) -> tuple[int, list[np.ndarray[Any, Any]], np.ndarray[Any, Any]]:
+    """The root's blocks as (form, flat arrays in rank order, an int64 array of each rank's
+    block shape), or Refused."""
+    if isinstance(blocks, list | tuple):
+        if len(blocks) != n:
+            raise Refused(f"the root passes {len(blocks)} arrays; expected world_size ({n})")
+        parts = []
+        for index, block in enumerate(blocks):
+            try:
+                parts.append(check_array(block, writable=False))
+            except Refused as exc:
+                raise Refused(f"blocks[{index}]: {exc}") from None
+        arrays: list[np.ndarray[Any, Any]] = list(blocks)
+        first = arrays[0]
+        for index, block in enumerate(arrays):
+            if block.dtype != first.dtype:
+                raise Refused(
+                    f"blocks[{index}] has dtype {block.dtype}, blocks[0] has {first.dtype}; "
+                    "they must agree"
+                )
+            if block.ndim != first.ndim:
+                raise Refused(
+                    f"blocks[{index}] has {block.ndim} dimensions, blocks[0] has {first.ndim}; "
+                    "they must agree"
+                )
+        shapes = np.zeros((n, first.ndim), dtype=np.int64)
+        for index, block in enumerate(arrays):
+            shapes[index] = block.shape
+        return _LIST, parts, shapes
+    if uneven:
+        raise Refused(
+            f"scatterv takes a list of world_size arrays on the root, got {_name(blocks)}; "
+            "scatter takes one array of world_size rows"
+        )
+    if not isinstance(blocks, np.ndarray):
+        raise Refused(
+            f"the root passes a numpy.ndarray of world_size ({n}) rows or a list of "
+            f"{n} arrays, got {_name(blocks)}"
+        )
+    flat = check_array(blocks, writable=False)
+    if blocks.ndim == 0 or blocks.shape[0] != n:
+        shape = "a 0-d array" if blocks.ndim == 0 else f"shape {blocks.shape}"
+        raise Refused(
+            f"the root's array has {shape}; its first dimension must be world_size ({n}), "
+            "one block per rank (pass a list of arrays for uneven blocks)"
+        )
+    if blocks.ndim - 1 > MAX_DIMS:
+        raise Refused(f"blocks of more than {MAX_DIMS} dimensions are not supported")
+    shapes = np.zeros((n, blocks.ndim - 1), dtype=np.int64)
+    shapes[:] = blocks.shape[1:]
+    return _ARRAY, [flat], shapes
+
+
+def _scatter_by(world: World, forced: str | None, total_nbytes: int) -> str:
+    """The algorithm of a scatter from an array, once the header told every rank its size
+    (the same on every rank); a list on the root always goes by the tree."""
+    if forced is not None:
+        return forced
+    return _decision.scatter(total_nbytes, world.peer_pids is not None)
+
+
+def _scatter_elsewhere(
+    world: World,
+    forced: str | None,
+    root: int,
+    out: object,
+    target: np.ndarray[Any, Any] | None,
+    box: list[np.ndarray[Any, Any]],
+) -> Callable[[OpSpec], Awaitable[None]]:
+    """A non-root rank's step: learn the header, then receive this rank's block into
+    ``target`` (``out``'s flat view) or a new array, which goes into ``box``."""
+    n, r = world.size, world.rank
+    header = _blank_header(r, target)
+
+    async def scatter_to_here(spec: OpSpec) -> None:
+        await _algorithms.disseminate(world, spec, header, _merge)
+        _check_header(world, spec, header, root)
+        dtype = DTYPES[int(header[_DTYPE]) - 1]
+        data = attrs.evolve(spec, dtype_code=int(header[_DTYPE]))
+        if header[_FORM] == _ARRAY:
+            shape = tuple(int(d) for d in header[_SHAPE : _SHAPE + int(header[_NDIM])])
+            count = int(header[_COUNT])
+            if target is None:
+                box.append(np.empty(shape, dtype=dtype))
+                result = box[0].reshape(-1)
+            else:
+                box.append(out)  # type: ignore[arg-type]  # checked to be an ndarray
+                result = target
+            data = attrs.evolve(data, count=count)
+            if _scatter_by(world, forced, n * count * dtype.itemsize) == "cma":
+                await _copies.cma_scatter(world, data, None, result, root)
+                return
+            await _algorithms.tree_scatter(world, data, None, [count] * n, root, result)
+            return
+
+        def prepare(shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
+            if target is None:
+                box.append(np.empty(shape, dtype=dtype))
+                return box[0].reshape(-1)
+            count = math.prod(shape)
+            if target.shape[0] != count:
+                raise _mismatch(
+                    world,
+                    spec,
+                    root,
+                    f"{spec.kind.label}(root={root}) #{spec.seq}: out= holds "
+                    f"{target.shape[0]} elements, but root {root}'s block for this rank is "
+                    f"{dtype.name}{list(shape)} ({count} elements)",
+                )
+            box.append(out)  # type: ignore[arg-type]  # checked to be an ndarray
+            return target
+
+        await _algorithms.tree_scatterv(world, data, root, int(header[_NDIM]), None, None, prepare)
+        if header[_ANY_OUT]:
+            await _algorithms.barrier(world, spec)
+
+    return scatter_to_here
+
+
+def _blank_header(rank: int, target: np.ndarray[Any, Any] | None) -> np.ndarray[Any, Any]:
+    """The header as a rank starts it: nothing of the root's, and its own ``out=``."""
+    header = np.zeros(HEADER_WORDS, dtype=np.int64)
+    if target is None:
+        header[[_DTYPE_MIN, _DTYPE_MIN + 1, _COUNT_MIN, _COUNT_MIN + 1]] = _NOBODY
+        header[[_DTYPE_MAX, _COUNT_MAX]] = -1
+        header[[_DTYPE_MAX + 1, _COUNT_MAX + 1]] = _NOBODY
+    else:
+        header[_ANY_OUT] = 1
+        code = DTYPE_CODES[target.dtype]
+        header[_DTYPE_MIN : _DTYPE_MAX + 2] = (code, rank, code, rank)
+        header[_COUNT_MIN : _COUNT_MAX + 2] = (target.shape[0], rank, target.shape[0], rank)
+    return header
+
+
+def _merge(mine: np.ndarray, theirs: np.ndarray) -> None:
+    """Fold a peer's header into this rank's (idempotent, so the dissemination's overlaps
+    in worlds that are not powers of two do no harm)."""
+    if not mine[_KNOWN] and theirs[_KNOWN]:
+        mine[_KNOWN:_ANY_OUT] = theirs[_KNOWN:_ANY_OUT]
+        mine[_SHAPE:] = theirs[_SHAPE:]
+    mine[_ANY_OUT] |= theirs[_ANY_OUT]
+    for at in (_DTYPE_MIN, _COUNT_MIN):
+        if (int(theirs[at]), int(theirs[at + 1])) < (int(mine[at]), int(mine[at + 1])):
+            mine[at : at + 2] = theirs[at : at + 2]
+    for at in (_DTYPE_MAX, _COUNT_MAX):
+        if (int(theirs[at]), -int(theirs[at + 1])) > (int(mine[at]), -int(mine[at + 1])):
+            mine[at : at + 2] = theirs[at : at + 2]
+
+
+def _check_header(world: World, spec: OpSpec, header: np.ndarray, root: int) -> None:
+    """Raise, the same on every rank, unless the root's header is in and every ``out=``
+    passed anywhere fits it."""
+    r = world.rank
+    code = int(header[_DTYPE])
+    if (
+        not header[_KNOWN]
+        or not 0 < code <= len(DTYPES)
+        or header[_FORM] not in (_ARRAY, _LIST)
+        or not 0 <= header[_NDIM] <= MAX_DIMS
+        or (header[_FORM] == _ARRAY and header[_COUNT] < 0)
+    ):
+        raise ProtocolError(
+            f"rank {r}: {spec.kind.label} #{spec.seq}: no valid header from root {root}: "
+            f"{header[:_SHAPE].tolist()}",
+            rank=r,
+            peer=root,
+            job_id=_job_id(world),
+            collective=spec.kind.label,
+            seq=spec.seq,
+        )
+    if not header[_ANY_OUT]:
+        return
+    dtype = DTYPES[code - 1]
+    what = f"{spec.kind.label}(root={root}) #{spec.seq}"
+    for at in (_DTYPE_MIN, _DTYPE_MAX):
+        if header[at] != code:
+            peer = int(header[at + 1])
+            other = DTYPES[int(header[at]) - 1] if 0 < header[at] <= len(DTYPES) else "?"
+            whose = "this rank's" if peer == r else f"rank {peer}'s"
+            raise _mismatch(
+                world,
+                spec,
+                root if peer == r else peer,
+                f"{what}: {whose} out= has dtype {other}, root {root} scatters {dtype.name}",
+            )
+    if header[_FORM] != _ARRAY:
+        return
+    count = int(header[_COUNT])
+    for at in (_COUNT_MIN, _COUNT_MAX):
+        if header[at] != count:
+            peer = int(header[at + 1])
+            whose = "this rank's" if peer == r else f"rank {peer}'s"
+            raise _mismatch(
+                world,
+                spec,
+                root if peer == r else peer,
+                f"{what}: {whose} out= holds {int(header[at])} elements, root {root}'s "
+                f"blocks hold {count}",
+            )
+
+
+def _tree(forced: str | None, chosen: str) -> None:
+    name = forced if forced is not None else chosen
+    assert name == "tree", name
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two flat arrays are the same memory."""
+    return bool(a.shape[0] == b.shape[0] and a.ctypes.data == b.ctypes.data)
+
+
+def _describe(spec: OpSpec, dtype: np.dtype, rows: int, trailing: tuple[int, ...]) -> str:
+    shape = ", ".join(str(d) for d in (rows, *trailing))
+    return f"{spec.kind.label} {dtype.name}[{shape}] #{spec.seq}"
+
+
+def _name(value: object) -> str:
+    return type(value).__name__
+
+
+def _job_id(world: World) -> str | None:
+    return next(iter(world.links.values())).job_id if world.links else None
+
+
+def _mismatch(world: World, spec: OpSpec, peer: int, detail: str) -> CollectiveMismatchError:
+    return CollectiveMismatchError(
+        f"rank {world.rank}: {detail}",
+        rank=world.rank,
+        peer=peer,
+        job_id=_job_id(world),
+        collective=spec.kind.label,
+        seq=spec.seq,
+    )

@@ -1,0 +1,189 @@
+"""The collectives that only copy (allgather, gather, scatter, alltoall) between the ranks of
+one host: through the shared segment for small calls, by cross-memory attach for large ones.
+Each byte is copied once, from where it is to where it goes, which is the whole cost of
+these collectives.
+
+Shared segment (see ``_shm_collectives`` for the publication protocol): every rank writes
+what its peers read from it into its slot (its block for allgather and gather, all its
+blocks for alltoall), publishes the call, waits until every rank has published it (so a
+mismatch of any kind, the root included, raises on every rank), and copies what it needs out of the peers' slots. The slot holds
+``SHM_MAX_BYTES``, which bounds what a rank writes there. A scatter's non-roots do not know
+the size before the root's header round, which costs as much as the tree at these sizes, so
+scatter has no shared-segment path.
+
+Cross-memory attach (see ``_cma_collectives``): every rank announces the address of what its
+peers read (frame step 0, to each reader), each rank reads what it needs from each peer that
+announced to it, and once all its reads are done says "done reading yours" (step 1) to each
+of them; a rank returns only once every reader has said so, so the caller may overwrite its
+arrays as soon as the call returns. All frames are small and sent before anything waits on them, so one task does it all. The
+rooted collectives (gather, scatter) are preceded by the caller's agreement round, which
+makes ranks that disagree about the root raise instead of waiting.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ._cma_collectives import ANNOUNCE, parse_announce, read_peer
+from ._shm_collectives import shm_claim, shm_done, shm_publish, shm_wait
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    import numpy as np
+
+    from .._algorithms import World
+    from .._wire import OpSpec
+
+__all__ = [
+    "cma_allgather",
+    "cma_alltoall",
+    "cma_gather",
+    "cma_scatter",
+    "shm_allgather",
+    "shm_alltoall",
+    "shm_gather",
+]
+
+
+# -- shared segment -------------------------------------------------------------------------
+
+
+async def shm_allgather(
+    world: World, spec: OpSpec, gathered: np.ndarray, bounds: Sequence[int]
+) -> None:
+    """Every rank's block into ``gathered``, rank i's at ``[bounds[i], bounds[i + 1])``
+    (blocks of one size, at most ``SHM_MAX_BYTES``; this rank's already in place), as the
+    other allgather algorithms take them."""
+    r = world.rank
+    await shm_gather(world, spec, gathered[bounds[r] : bounds[r + 1]], gathered, None)
+
+
+async def shm_gather(
+    world: World, spec: OpSpec, flat: np.ndarray, gathered: np.ndarray | None, root: int | None
+) -> None:
+    """Every rank's ``flat`` into root's ``gathered`` (every rank's, when ``root`` is None);
+    ``gathered`` is only used where it is filled."""
+    slots = world.shm
+    assert slots is not None
+    count = flat.shape[0]
+    rows = slots.rows(spec.seq & 1, flat.dtype, count)
+    await shm_claim(world, spec)
+    rows[world.rank] = flat
+    shm_publish(world, spec, flat.nbytes)
+    await shm_wait(world, spec)
+    if gathered is not None and (root is None or world.rank == root):
+        gathered.reshape(world.size, count)[...] = rows
+    shm_done(world, spec)
+
+
+async def shm_alltoall(world: World, spec: OpSpec, flat: np.ndarray, out: np.ndarray) -> None:
+    """Block j of every rank's ``flat`` (``n`` blocks, at most ``SHM_MAX_BYTES`` in all) to
+    rank j, where block i of ``out`` is rank i's."""
+    slots = world.shm
+    assert slots is not None
+    n, r = world.size, world.rank
+    count = flat.shape[0] // n
+    rows = slots.rows(spec.seq & 1, flat.dtype, flat.shape[0])
+    await shm_claim(world, spec)
+    rows[r] = flat
+    shm_publish(world, spec, flat.nbytes)
+    await shm_wait(world, spec)
+    out.reshape(n, count)[...] = rows[:, r * count : (r + 1) * count]
+    shm_done(world, spec)
+
+
+# -- cross-memory attach ----------------------------------------------------------------------
+
+
+async def _copy(
+    world: World,
+    spec: OpSpec,
+    exposed: np.ndarray | None,
+    readers: Sequence[int],
+    reads: dict[int, tuple[int, list[tuple[int, np.ndarray]]]],
+) -> None:
+    """Announce ``exposed`` to ``readers``; from each peer of ``reads`` (peer: (the size of
+    the array it exposes, [(byte offset in it, array to fill)])) read what is listed; then
+    tell each of them; return once every reader has said so. The "done" frames go only once
+    every read is done, so that a rank returns only when the whole exchange it saw
+    succeeded: were a gather's root to release each peer as soon as it had read it, a peer
+    released before another died would return as if nothing had happened."""
+    if exposed is not None:
+        mine = memoryview(ANNOUNCE.pack(exposed.ctypes.data, exposed.nbytes))
+        for peer in readers:
+            await world.links[peer].send(spec, 0, mine)
+    announce = bytearray(ANNOUNCE.size)
+    empty = memoryview(b"")
+    for peer, (size, targets) in reads.items():
+        link = world.links[peer]
+        await link.recv(spec, 0, memoryview(announce))
+        address = parse_announce(link, spec, announce, size)
+        for offset, into in targets:
+            if into.nbytes:
+                await read_peer(world, spec, peer, address + offset, into)
+    for peer in reads:
+        await world.links[peer].send(spec, 1, empty)
+    for peer in readers:
+        await world.links[peer].recv(spec, 1, empty)
+
+
+def _peers_from(world: World) -> list[int]:
+    """The peers in the order r+1, r+2, ...: ranks start on different peers, so that they do
+    not all read the same rank's memory first."""
+    n, r = world.size, world.rank
+    return [(r + k) % n for k in range(1, n)]
+
+
+async def cma_allgather(
+    world: World, spec: OpSpec, gathered: np.ndarray, bounds: Sequence[int]
+) -> None:
+    """Every rank's block into ``gathered``, rank i's at ``[bounds[i], bounds[i + 1])``
+    (blocks of any sizes; this rank's already in place), each rank reading each peer's
+    block out of the peer's ``gathered`` straight into its place."""
+    peers = _peers_from(world)
+    blocks = [gathered[bounds[q] : bounds[q + 1]] for q in range(world.size)]
+    reads = {q: (blocks[q].nbytes, [(0, blocks[q])]) for q in peers}
+    await _copy(world, spec, blocks[world.rank], peers, reads)
+
+
+async def cma_gather(
+    world: World, spec: OpSpec, flat: np.ndarray, gathered: np.ndarray | None, root: int
+) -> None:
+    """Every rank's ``flat`` into root's ``gathered``, the root reading each peer's block
+    into its place; the root's own block must already be in place."""
+    count = flat.shape[0]
+    if world.rank != root:
+        await _copy(world, spec, flat, [root], {})
+        return
+    assert gathered is not None
+    reads = {
+        q: (flat.nbytes, [(0, gathered[q * count : (q + 1) * count])]) for q in _peers_from(world)
+    }
+    await _copy(world, spec, None, [], reads)
+
+
+async def cma_scatter(
+    world: World, spec: OpSpec, blocks: np.ndarray | None, out: np.ndarray, root: int
+) -> None:
+    """Root's ``blocks`` (``n * out.size`` elements), block i read by rank i into its
+    ``out``; the root copies its own block."""
+    n, r, nbytes = world.size, world.rank, out.nbytes
+    if r == root:
+        assert blocks is not None
+        out[...] = blocks[r * out.shape[0] : (r + 1) * out.shape[0]]
+        await _copy(world, spec, blocks, _peers_from(world), {})
+        return
+    await _copy(world, spec, None, [], {root: (n * nbytes, [(r * nbytes, out)])})
+
+
+async def cma_alltoall(world: World, spec: OpSpec, flat: np.ndarray, out: np.ndarray) -> None:
+    """Block j of every rank's ``flat`` (``n`` blocks) to rank j, read by rank j straight
+    into block i of its ``out`` for rank i's."""
+    n, r = world.size, world.rank
+    count = flat.shape[0] // n
+    block_bytes = count * flat.dtype.itemsize
+    out[r * count : (r + 1) * count] = flat[r * count : (r + 1) * count]
+    peers = _peers_from(world)
+    reads = {q: (flat.nbytes, [(r * block_bytes, out[q * count : (q + 1) * count])]) for q in peers}
+    await _copy(world, spec, flat, peers, reads)

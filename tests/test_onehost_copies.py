@@ -1,0 +1,39 @@
+"""The one-host paths of the collectives that only copy: the shared segment (allgather,
+gather, alltoall) and cross-memory attach (those and allgatherv and scatter), each forced at worlds 2-5 in
+real processes over Unix sockets, on seeded inputs of several dtypes at sizes from empty to
+several chunks, with every rank that is not checking overwriting its buffers the moment a
+call returns (see tests/workers/onehost_worker.py). A call too large for the shared segment
+is refused before any I/O. Which path the decision table picks is tested in each
+collective's own file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import trioring
+from launched import run_reports
+
+WORKER = Path(__file__).parent / "workers" / "onehost_worker.py"
+CASES = [
+    *((c, "shm") for c in ("allgather", "gather", "alltoall")),
+    *((c, "cma") for c in ("allgather", "allgatherv", "gather", "scatter", "alltoall")),
+]
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+@pytest.mark.parametrize(("collective", "algorithm"), CASES)
+def test_forced_onehost_path(tmp_path: Path, collective: str, algorithm: str, n: int) -> None:
+    if not trioring.is_available(algorithm):
+        pytest.skip(f"{algorithm} is not available here: {trioring.capabilities()}")
+    reports = run_reports(WORKER, [collective, algorithm, str(tmp_path)], tmp_path, n)
+    errors = [error for report in reports for error in report["errors"]]
+    assert not errors, "\n".join(errors)
+    assert all(algorithm in report["features"] for report in reports)
+    if algorithm == "shm" and collective != "allgatherv":
+        for report in reports:
+            refused = report["refused"]
+            assert refused is not None
+            assert refused["seq_unchanged"]
+            assert f"the forced {collective} algorithm 'shm' takes at most" in refused["message"]

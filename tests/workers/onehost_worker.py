@@ -1,0 +1,101 @@
+"""One rank of tests/test_onehost_copies.py: a copying collective (allgather, allgatherv,
+gather, scatter, alltoall) forced onto a one-host path (``shm`` or ``cma``), at sizes from
+empty to several chunks, on seeded inputs, checked exactly, with each rank's buffers
+overwritten the moment the call returns (a peer still reading them would get garbage).
+
+``trioring run -n N --transport unix onehost_worker.py COLLECTIVE ALGORITHM OUT_DIR``; the
+report (``rank{RANK}.json``) lists what was wrong, the features, and what a call too large
+for the forced path raised.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import trio
+
+import trioring
+from trioring._onehost._shm import SHM_MAX_BYTES
+
+DTYPES = ("float32", "int8", "float64", "bool", "complex64")
+
+
+def make(seed: int, rank: int, count: int, dtype: str) -> np.ndarray[Any, Any]:
+    return np.random.default_rng([seed, rank]).integers(-9, 9, count).astype(dtype)
+
+
+def counts(algorithm: str, collective: str, n: int, itemsize: int) -> list[int]:
+    """Block sizes: for the shared segment up to what a rank may write to its slot."""
+    if algorithm == "cma":
+        return [0, 1, 5, 1000, 300_001]
+    whole = n if collective in ("scatter", "alltoall") else 1  # blocks a rank writes
+    return [0, 1, 5, SHM_MAX_BYTES // (itemsize * whole)]
+
+
+async def one(
+    comm: trioring.Communicator, collective: str, seed: int, count: int, dtype: str
+) -> bool:
+    n, r = comm.world_size, comm.rank
+    root = seed % n
+    checker = (seed + r) % 2 == 0  # the others overwrite their buffers at once
+    xs = [make(seed, q, count, dtype) for q in range(n)]
+    mine = xs[r].copy()
+    if collective == "allgather":
+        got = await comm.allgather(mine)
+        want: Any = np.stack(xs)
+    elif collective == "allgatherv":
+        shares = [make(seed, q, count + q, dtype)[: (count + q) * (q % 2)] for q in range(n)]
+        mine = shares[r].copy()
+        got = await comm.allgatherv(mine)
+        mine.fill(0)
+        return not checker or all(np.array_equal(g, w) for g, w in zip(got, shares, strict=True))
+    elif collective == "gather":
+        got = await comm.gather(mine, root=root)
+        want = np.stack(xs) if r == root else None
+    elif collective == "scatter":
+        blocks = np.stack([make(seed + 1, q, count, dtype) for q in range(n)])
+        mine = blocks.copy() if r == root else None
+        got = await comm.scatter(mine, root=root)
+        want = blocks[r]
+    else:
+        sent = np.stack([make(seed + 10 * q, r, count, dtype) for q in range(n)])
+        mine = sent.copy()
+        got = await comm.alltoall(mine)
+        want = np.stack([make(seed + 10 * r, q, count, dtype) for q in range(n)])
+    if mine is not None:
+        mine.fill(0)
+    if not checker:
+        return True
+    if want is None:
+        return got is None
+    return bool(got.dtype == want.dtype and np.array_equal(got.reshape(want.shape), want))
+
+
+async def main(collective: str, algorithm: str, out_dir: Path) -> None:
+    errors: list[str] = []
+    async with trioring.open_communicator() as comm:
+        comm._force_algorithm(collective, algorithm)
+        seed = 0
+        for dtype in DTYPES:
+            for count in counts(algorithm, collective, comm.world_size, np.dtype(dtype).itemsize):
+                seed += 1
+                if not await one(comm, collective, seed, count, dtype):
+                    errors.append(f"rank {comm.rank}: {collective} {dtype}[{count}] #{seed}")
+        refused = None
+        if algorithm == "shm" and collective != "allgatherv":
+            before = comm.seq
+            try:
+                await one(comm, collective, 999, SHM_MAX_BYTES + 1, "uint8")
+            except trioring.InvalidArgumentError as exc:
+                refused = {"message": str(exc), "seq_unchanged": comm.seq == before}
+        await comm.barrier()
+        report = {"errors": errors, "features": sorted(comm.features), "refused": refused}
+        (out_dir / f"rank{comm.rank}.json").write_text(json.dumps(report))
+
+
+if __name__ == "__main__":
+    trio.run(main, sys.argv[1], sys.argv[2], Path(sys.argv[3]))
