@@ -1,4 +1,4 @@
-"""Dedicated fuzz run of trioring's three parsers of untrusted bytes.
+"""Dedicated fuzz run of trioring's four parsers of untrusted bytes.
 
 Targets, each fed generated or mutated inputs over in-memory Trio streams:
 
@@ -9,7 +9,11 @@ Targets, each fed generated or mutated inputs over in-memory Trio streams:
 - ``handshake``: the server side of the HMAC handshake, :func:`trioring._auth.accept`, which
   may raise only :class:`trioring._auth.HandshakeError` (nobody without the secret passes);
 - ``rendezvous``: the rendezvous message reader, ``trioring._setup.read_message``,
-  which may raise only ``BadMessage``, and may return only a well-formed message.
+  which may raise only ``BadMessage``, and may return only a well-formed message;
+- ``objects``: the object decoder of the object collectives, :func:`trioring._objects.decode`
+  (called directly on the bytes: it reads no stream), which may raise only
+  :class:`trioring.ProtocolError`, and may return only for a canonical encoding (one that
+  re-encodes to exactly the same bytes), allocating at most a small multiple of its input.
 
 Inputs are random bytes, or valid messages mutated (bit flips, interesting bytes and length
 fields, truncation, insertion, deletion, duplication, splicing, JSON depth bombs and odd
@@ -40,7 +44,7 @@ import trio
 import trio.testing
 
 import trioring
-from trioring import _auth, _framing, _setup, _wire
+from trioring import _auth, _framing, _objects, _setup, _wire
 from trioring.transports import StreamConnection
 
 if TYPE_CHECKING:
@@ -145,6 +149,33 @@ def rendezvous_seeds(rng: random.Random) -> list[bytes]:
         seeds.append(_setup.HEADER.pack(_setup.MAGIC, _setup.VERSION, kind, len(payload)) + payload)
     del rng
     return seeds
+
+
+def objects_seeds(rng: random.Random) -> list[bytes]:
+    import numpy as np
+
+    deep: Any = None
+    for _ in range(_objects.MAX_DEPTH):
+        deep = [deep]
+    values: list[Any] = [
+        None,
+        True,
+        -(2**70),
+        float("nan"),
+        complex(1, -0.0),
+        "r\u00e9sum\u00e9",
+        rng.randbytes(9),
+        {"lr": 0.1, "layers": [64, 64], "name": "run-7", 3: (True, None)},
+        [[], (), {}, [[[]]]],
+        {"rank": 1, "loss": 0.5, "hist": np.zeros(4)},
+        np.arange(12, dtype=np.int16).reshape(3, 4),
+        np.array(2.5, np.float16),
+        np.zeros((2, 0, 3), np.complex64),
+        np.array([True, False, True]),
+        [np.arange(3, dtype=np.uint8), "x", np.ones(2, np.complex128)],
+        deep,
+    ]
+    return [_objects.encode(value) for value in values]
 
 
 # -- mutation -----------------------------------------------------------------------------------
@@ -335,10 +366,28 @@ async def run_rendezvous(
     return "ok", max_body + ALLOCATION_SLACK
 
 
+async def run_objects(rng: random.Random, data: bytes, params: dict[str, Any]) -> tuple[str, int]:
+    copy = rng.random() < 0.5
+    params.update(input=data, call=f"_objects.decode(copy={copy})")
+    # Up to max_elements values of Python overhead each, and the arrays' copies.
+    limit = ALLOCATION_SLACK + 200 * len(data)
+    # The decoder never yields; without a checkpoint, the move_on_after deadlines of the
+    # examples pile up in Trio's deadline heap (unpruned), which reads as an RSS leak.
+    await trio.lowlevel.checkpoint()
+    try:
+        obj = _objects.decode(data, copy=copy)
+    except trioring.ProtocolError:
+        return "ProtocolError", limit
+    if _objects.encode(obj) != data:
+        raise Bad(f"decoded a non-canonical encoding: {data[:96].hex()}")
+    return "ok", limit
+
+
 TARGETS: dict[str, tuple[Callable[[random.Random], list[bytes]], Any]] = {
     "frame": (frame_seeds, run_frame),
     "handshake": (handshake_seeds, run_handshake),
     "rendezvous": (rendezvous_seeds, run_rendezvous),
+    "objects": (objects_seeds, run_objects),
 }
 
 

@@ -139,6 +139,22 @@ def test_from_torch_example_under_trioring_run(tmp_path: Path) -> None:
     assert result.stdout.splitlines() == documented
 
 
+def test_objects_example_under_trioring_run(tmp_path: Path) -> None:
+    """The how-to's object collectives run at several world sizes (every rank refuses the
+    set before any I/O and carries on), and print what the page shows at 4."""
+    for n in (1, 3, 4):
+        result = _run(
+            *("-m", "trioring", "run", "-n", str(n), "--no-tag-output"),
+            str(EXAMPLES / "objects.py"),
+            cwd=tmp_path,
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "still usable: True" in result.stdout.splitlines()
+        assert f"hist sums: {[float(r + 1) for r in range(n)]}" in result.stdout.splitlines()
+    documented = _documented_output_of(DOCS / "how-to" / "objects.md", "objects.py")
+    assert result.stdout.splitlines() == documented
+
+
 def test_local_world_example(tmp_path: Path) -> None:
     result = _run(str(EXAMPLES / "local_world.py"), cwd=tmp_path)
     assert result.returncode == 0, result.stderr
@@ -277,6 +293,7 @@ def test_every_example_is_tested() -> None:
         "sharded_optimizer.py",
         "sharded_evaluation.py",
         "from_torch.py",
+        "objects.py",
     }
     assert {path.name for path in EXAMPLES.glob("*.py")} == tested
 

@@ -31,7 +31,7 @@ CASES = 5
     [
         *(("unix", None, n) for n in (1, 2, 3, 4, 5, 8)),
         *(("tcp", None, n) for n in (1, 2, 3, 4, 5, 8)),
-        *(("unix", OFF, n) for n in (2, 3, 5)),
+        *(("unix", OFF, n) for n in (2, 3, 4, 5, 8)),
     ],
     ids=lambda v: "plain" if v is OFF else None,
 )

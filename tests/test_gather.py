@@ -750,8 +750,14 @@ def test_real_processes(tmp_path: Path, transport: str, world_size: int) -> None
         assert report["errors"] == [], report["errors"]
 
 
-@pytest.mark.parametrize("algorithm", ["tree", "cma"])
-@pytest.mark.parametrize("collective", ["gather", "scatter"])
+@pytest.mark.parametrize(
+    ("collective", "algorithm"),
+    [
+        *((c, a) for c in ("gather", "scatter") for a in ("tree", "cma")),
+        ("gatherv", "tree"),
+        ("scatterv", "tree"),
+    ],
+)
 def test_sigkill_during_the_collective(tmp_path: Path, collective: str, algorithm: str) -> None:
     """Rank 2 (rank 3's parent in the tree rooted at 0 at world 4) SIGKILLs itself in the
     middle of the call (by the tree: at its third data frame; by cross-memory attach: as it

@@ -3,6 +3,7 @@ under ``trioring run`` on 4 ranks over Unix sockets, must run as shown and pass.
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -18,6 +19,9 @@ def _run(script: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=240,
         cwd=cwd,
+        # With PYTHONUNBUFFERED, print() writes a line and its newline separately, so the
+        # lines of ranks that share the launcher's pipe could interleave mid-line.
+        env={k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"},
         check=False,
     )
 

@@ -15,6 +15,7 @@ from ._methods import (
     AllgatherMethods,
     AlltoallMethods,
     GatherMethods,
+    ObjectMethods,
     ReduceMethods,
     ScanMethods,
 )
@@ -34,6 +35,7 @@ class Communicator(
     GatherMethods,
     AlltoallMethods,
     ScanMethods,
+    ObjectMethods,
     CommunicatorCore,
     metaclass=NoPublicConstructor,
 ):

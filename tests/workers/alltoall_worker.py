@@ -104,7 +104,10 @@ async def main(mode: str, out_dir: Path, args: list[str]) -> int:
                     kill_at_sixth_chunk()
                 started = time.monotonic()
                 try:
-                    await comm.alltoall(x)
+                    if args[1:] == ["alltoallv"]:
+                        await comm.alltoallv(list(x.reshape(comm.world_size, -1)))
+                    else:
+                        await comm.alltoall(x)
                 except trioring.CollectiveError as exc:
                     report["error"] = type(exc).__name__
                     report["peer"] = exc.peer

@@ -5,8 +5,9 @@
 - ``check``: gather, gatherv, scatter (an array and a list) and scatterv at several sizes,
   dtypes and roots, checked against numpy, bitwise; the report (``rank{RANK}.json``) lists
   any errors.
-- ``kill COLLECTIVE VICTIM ALGORITHM``: every rank runs COLLECTIVE (``gather`` or
-  ``scatter``, root 0) on 16 MiB of float32 per rank (1 MiB chunks), by ALGORITHM
+- ``kill COLLECTIVE VICTIM ALGORITHM``: every rank runs COLLECTIVE (``gather``,
+  ``gatherv``, ``scatter`` or ``scatterv``, root 0; the uneven ones with rank q's share
+  (q + 1) MiB) on 16 MiB of float32 per rank (1 MiB chunks), by ALGORITHM
   (forced); rank VICTIM SIGKILLs itself in the middle of the call: by the tree at its third
   data frame, sent or received; by cross-memory attach (``cma``) as it announces its
   array's address, so that the root waits for an announcement that never comes.
@@ -138,6 +139,11 @@ async def main(mode: str, out_dir: Path, args: list[str]) -> int:
                 try:
                     if collective == "gather":
                         await comm.gather(x, root=0)
+                    elif collective == "gatherv":
+                        await comm.gatherv(x[: (rank + 1) * 1024 * 1024], root=0)
+                    elif collective == "scatterv":
+                        parts = [x[: (q + 1) * 1024 * 1024] for q in range(n)]
+                        await comm.scatterv(parts if rank == 0 else None, root=0)
                     else:
                         blocks = np.ones((n, x.size), np.float32) if rank == 0 else None
                         await comm.scatter(blocks, root=0)

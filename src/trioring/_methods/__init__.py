@@ -6,5 +6,6 @@ validate (through its family module in :mod:`trioring._collectives`), pick, run 
 from ._allgather import AllgatherMethods as AllgatherMethods
 from ._alltoall import AlltoallMethods as AlltoallMethods
 from ._gather import GatherMethods as GatherMethods
+from ._objects import ObjectMethods as ObjectMethods
 from ._reduce import ReduceMethods as ReduceMethods
 from ._scan import ScanMethods as ScanMethods

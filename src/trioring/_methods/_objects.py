@@ -1,0 +1,216 @@
+"""The object collectives: broadcast_object, allgather_object and gather_object, built on
+the array collectives (no wire kinds of their own) and the safe codec of
+:mod:`trioring._objects`, which never pickles."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NoReturn, cast
+
+import numpy as np
+
+from .. import _objects
+from .._collectives import _checks
+from .._concurrency import is_cancellation
+from .._core import CommunicatorCore, State
+from .._errors import InvalidArgumentError, ProtocolError
+from .._wire import Kind, OpSpec
+
+if TYPE_CHECKING:
+    from .._communicator import Communicator
+
+__all__ = ["ObjectMethods"]
+
+
+class ObjectMethods(CommunicatorCore):
+    """Mixed into :class:`trioring.Communicator`."""
+
+    # -- helpers ---------------------------------------------------------------------------
+
+    def _object_where(self, label: str, seq: int) -> str:
+        return f"rank {self._rank}: {label} #{seq}"
+
+    def _refused(self, label: str, message: str) -> InvalidArgumentError:
+        return InvalidArgumentError(
+            f"{self._object_where(label, self._seq + 1)}: {message}",
+            rank=self._rank,
+            collective=label,
+            seq=self._seq + 1,
+            job_id=self._job_id,
+        )
+
+    def _checked_root(self, label: str, root: int) -> int:
+        try:
+            return _checks.check_root(root, self._world_size)
+        except _checks.Refused as exc:
+            raise self._refused(label, str(exc)) from None
+
+    def _encoded(self, label: str, obj: object) -> np.ndarray[tuple[int], np.dtype[np.uint8]]:
+        """``obj``'s encoding, or InvalidArgumentError (before any I/O) saying where in
+        ``obj`` the refused value is."""
+        try:
+            return _objects.encode_array(obj)
+        except InvalidArgumentError as exc:
+            raise self._refused(label, str(exc)) from None
+
+    async def _fail(self, error: BaseException, kind: Kind) -> None:
+        """Break the communicator after its last call (``kind``, sequence number
+        ``self._seq``) completed but its result cannot be used: tell the peers why, as a
+        failure inside the call would, and close everything."""
+        await self._break(error, OpSpec(kind, self._seq))
+
+    async def _decoded(
+        self, label: str, kind: Kind, part: np.ndarray[Any, Any], source: int
+    ) -> Any:
+        """The object that ``source`` sent as ``part``; a ProtocolError naming ``source``
+        (and a broken communicator) if it does not decode."""
+        try:
+            return _objects.decode(part)
+        except ProtocolError as exc:
+            await self._malformed(label, kind, source, f"are not an object encoding: {exc}")
+
+    async def _malformed(self, label: str, kind: Kind, source: int, detail: str) -> NoReturn:
+        error = ProtocolError(
+            f"{self._object_where(label, self._seq)} ({kind.label} #{self._seq}): the bytes "
+            f"from rank {source} {detail}",
+            rank=self._rank,
+            peer=source,
+            collective=label,
+            seq=self._seq,
+            job_id=self._job_id,
+        )
+        await self._fail(error, kind)
+        raise error
+
+    # -- collectives -----------------------------------------------------------------------
+
+    async def broadcast_object(self, obj: Any, *, root: int = 0) -> Any:
+        """Send ``root``'s ``obj`` to every rank, and return it on every rank.
+
+        ``obj`` is read on ``root`` only; other ranks pass anything (``None``, say), which is
+        ignored, as mpi4py's ``bcast`` ignores it. Every rank, ``root`` included, returns a
+        **new object** decoded from the bytes the root sent: equal on every rank to the
+        root's ``obj``, of exactly the same types, and sharing nothing with it (arrays are new,
+        writable copies).
+
+        Supported: ``None``, ``bool``, ``int``, ``float``, ``complex``, ``str``, ``bytes``,
+        ``list``, ``tuple``, ``dict`` with ``str`` or ``int`` keys, and numpy arrays of the
+        supported dtypes (any shape, sent as raw bytes), matched by exact type (no
+        subclasses: ``np.float64`` is refused, use ``.item()``), nested up to 100
+        containers deep, up to 1,000,000 values in all (an array counts as one) and ints of
+        up to 1 MiB. The format and the bounds are on the how-to page "Send Python objects
+        without pickle". Nothing is pickled, so a peer's bytes can never run code here:
+        torch's ``broadcast_object_list`` and ``all_gather_object`` unpickle what a peer
+        sends, so whoever can pose as a rank (an unauthenticated store port is enough) runs
+        code on every rank. A peer's bytes are decoded within those bounds, and anything
+        that is not an encoding raises :class:`~trioring.ProtocolError`.
+
+        Two sequence numbers: a :meth:`broadcast` of the encoding's length (``int64[1]``),
+        then a :meth:`broadcast` of the encoding (``uint8``). Every rank must call
+        ``broadcast_object`` at the same point of its sequence of collectives. If the call is
+        cancelled between the two, the communicator is broken (as for a cancellation
+        inside a collective), so that no peer waits for the second.
+
+        Args:
+            obj: on ``root``, the object to send; ignored elsewhere.
+            root: the rank that sends; the same on every rank.
+
+        Raises:
+            InvalidArgumentError: on ``root``, ``obj`` holds an unsupported type or exceeds
+                a bound (the message names the type and its place in ``obj``, e.g.
+                ``obj["cfg"][2]: set is not supported``); on any rank, a bad ``root``.
+                Before any I/O; the communicator stays usable (but the other ranks, if they
+                went ahead, wait for this one: fix the call).
+            ProtocolError: the root's bytes do not decode (a peer that is not trioring, or
+                not this version); the message names the root, and the communicator is
+                broken.
+            CollectiveError: see :meth:`allreduce`.
+        """
+        label = "broadcast_object"
+        comm = cast("Communicator", self)
+        root = self._checked_root(label, root)
+        is_root = self._rank == root
+        data = self._encoded(label, obj) if is_root else None
+        size = np.array([0 if data is None else data.size], np.int64)
+        await comm.broadcast(size, root=root)
+        if data is None:
+            nbytes = int(size[0])
+            if nbytes < _objects.MIN_ENCODED_BYTES:
+                detail = f"announce an encoding of {nbytes} bytes"
+                await self._malformed(label, Kind.BROADCAST, root, detail)
+            try:
+                data = np.empty(nbytes, np.uint8)
+            except (MemoryError, ValueError) as exc:
+                await self._fail(exc, Kind.BROADCAST)
+                raise
+        # Nothing between the two calls yields, so no other task's call can come between
+        # them; but the second one raises Cancelled at once if a cancel scope fired during
+        # the first, before any I/O, which would leave the peers waiting for it: break.
+        seq = self._seq
+        try:
+            await comm.broadcast(data, root=root)
+        except BaseException as exc:
+            if is_cancellation(exc) and self._seq == seq and self._state is State.OPEN:
+                await self._break(exc, OpSpec(Kind.BROADCAST, seq + 1))
+            raise
+        return await self._decoded(label, Kind.BROADCAST, data, root)
+
+    async def allgather_object(self, obj: Any) -> list[Any]:
+        """Gather every rank's ``obj`` on every rank.
+
+        Returns a list of ``world_size`` **new objects**, in rank order, decoded from the
+        bytes every rank sent (this rank's own entry too: a copy, sharing nothing with
+        ``obj``); equal on every rank. The objects may differ in type and size from rank to
+        rank (one rank's may be a large array, another's an empty tuple). Supported types,
+        bounds and the security note: see :meth:`broadcast_object`.
+
+        One sequence number: an :meth:`allgatherv` of the ranks' encodings (``uint8``).
+
+        Args:
+            obj: this rank's object.
+
+        Raises:
+            InvalidArgumentError: ``obj`` holds an unsupported type or exceeds a bound (see
+                :meth:`broadcast_object`); before any I/O.
+            ProtocolError: a rank's bytes do not decode; the message names the first such
+                rank, and the communicator is broken.
+            CollectiveError: see :meth:`allreduce`.
+        """
+        label = "allgather_object"
+        data = self._encoded(label, obj)
+        parts = await cast("Communicator", self).allgatherv(data)
+        return [
+            await self._decoded(label, Kind.ALLGATHERV, part, source)
+            for source, part in enumerate(parts)
+        ]
+
+    async def gather_object(self, obj: Any, *, root: int = 0) -> list[Any] | None:
+        """Gather every rank's ``obj`` on ``root``.
+
+        On ``root``, returns a list of ``world_size`` **new objects**, in rank order, decoded
+        from the bytes every rank sent (its own entry too); on every other rank, returns
+        None. The objects may differ in type and size from rank to rank. Supported types,
+        bounds and the security note: see :meth:`broadcast_object`.
+
+        One sequence number: a :meth:`gatherv` of the ranks' encodings (``uint8``).
+
+        Args:
+            obj: this rank's object.
+            root: the rank that receives; the same on every rank.
+
+        Raises:
+            InvalidArgumentError: ``obj`` holds an unsupported type or exceeds a bound (see
+                :meth:`broadcast_object`), or a bad ``root``; before any I/O.
+            ProtocolError: on ``root``, a rank's bytes do not decode; the message names the
+                first such rank, and the communicator is broken.
+            CollectiveError: see :meth:`allreduce`.
+        """
+        label = "gather_object"
+        root = self._checked_root(label, root)
+        data = self._encoded(label, obj)
+        parts = await cast("Communicator", self).gatherv(data, root=root)
+        if parts is None:
+            return None
+        return [
+            await self._decoded(label, Kind.GATHERV, part, source)
+            for source, part in enumerate(parts)
+        ]
