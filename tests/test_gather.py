@@ -12,9 +12,6 @@ scatter; and a Hypothesis property over world size, root, counts and dtype.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +23,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import trioring
 from exact_inputs import make
-from launched import run_reports
+from launched import run_killed, run_reports
 from local_runs import force, on_every_rank
 from trioring._algorithms import _tree_gather
 from trioring._collectives import _decision
@@ -769,14 +766,10 @@ def test_sigkill_during_the_collective(tmp_path: Path, collective: str, algorith
     if algorithm == "cma" and not trioring.is_available("cma"):
         pytest.skip("process_vm_readv is not permitted on this machine")
     victim = 2
-    args = [sys.executable, "-m", "trioring", "run", "-n", "4", "--transport", "unix"]
-    args += ["--no-tag-output", str(WORKER), "kill", str(tmp_path), collective, str(victim)]
-    args.append(algorithm)
-    process = subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
-    assert process.returncode != 0, process.stdout + process.stderr
-    assert not (tmp_path / f"rank{victim}.json").exists()
-    for rank in set(range(4)) - {victim}:
-        report = json.loads((tmp_path / f"rank{rank}.json").read_text())
+    survivors = run_killed(
+        WORKER, ["kill", str(tmp_path), collective, str(victim), algorithm], tmp_path, victim
+    )
+    for rank, report in survivors.items():
         had_its_block = collective == "scatter" and algorithm == "cma" and rank != 0
         if had_its_block and report["error"] is None:
             continue  # see above

@@ -13,9 +13,6 @@ processes over tcp and unix; a rank SIGKILLed in the middle of each collective.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,7 +23,7 @@ import trio.testing
 
 import trioring
 from exact_inputs import UFUNCS, make, ops_for
-from launched import run_reports
+from launched import run_killed, run_reports
 from local_runs import force, on_every_rank
 from trioring._algorithms import tree_neighbours
 from trioring._collectives import _decision
@@ -744,14 +741,8 @@ def test_sigkill_during_the_collective(
     """A rank SIGKILLs itself in the middle of the collective (at its third reduction of a
     chunk; rank 2 has a child in reduce's tree at world 4): every survivor raises promptly,
     none hangs."""
-    args = [sys.executable, "-m", "trioring", "run", "-n", "4", "--transport", "unix"]
-    args += ["--no-tag-output", str(WORKER), "kill", str(tmp_path), collective, str(victim)]
-    args += [algorithm]
-    process = subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
-    assert process.returncode != 0, process.stdout + process.stderr
-    assert not (tmp_path / f"rank{victim}.json").exists()
-    for rank in set(range(4)) - {victim}:
-        report = json.loads((tmp_path / f"rank{rank}.json").read_text())
+    args = ["kill", str(tmp_path), collective, str(victim), algorithm]
+    for report in run_killed(WORKER, args, tmp_path, victim).values():
         assert report["error"] in ("PeerFailedError", "PeerAbortedError"), report
         assert report["elapsed"] < 5.0, report
 

@@ -14,9 +14,6 @@ a Hypothesis property.
 from __future__ import annotations
 
 import functools
-import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,7 +25,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import trioring
 from exact_inputs import UFUNCS, make, ops_for
-from launched import run_reports
+from launched import run_killed, run_reports
 from local_runs import force, on_every_rank
 from trioring._collectives import _decision
 from trioring.testing import open_local_world
@@ -585,13 +582,8 @@ def test_sigkill_during_the_call(tmp_path: Path, kind: str, victim: int) -> None
     """A rank SIGKILLs itself in the middle of the call (at its third reduction, in the
     second of 16 chunks), at world 4: every survivor raises PeerFailedError naming it,
     promptly, whether it talked to the victim or heard of it from a peer."""
-    args = [sys.executable, "-m", "trioring", "run", "-n", "4", "--transport", "unix"]
-    args += ["--no-tag-output", str(WORKER), "kill", str(tmp_path), kind, str(victim)]
-    process = subprocess.run(args, capture_output=True, text=True, timeout=120, check=False)
-    assert process.returncode != 0, process.stdout + process.stderr
-    assert not (tmp_path / f"rank{victim}.json").exists()
-    for rank in set(range(4)) - {victim}:
-        report = json.loads((tmp_path / f"rank{rank}.json").read_text())
+    survivors = run_killed(WORKER, ["kill", str(tmp_path), kind, str(victim)], tmp_path, victim)
+    for report in survivors.values():
         assert report["error"] == "PeerFailedError", report
         assert report["peer"] == victim, report
         assert f"rank {victim}" in report["message"], report

@@ -23,11 +23,11 @@ import attrs
 import numpy as np
 
 from .. import _algorithms
-from .._errors import CollectiveMismatchError, ProtocolError
 from .._onehost import _copies
 from .._onehost._shm import SHM_MAX_BYTES
 from .._wire import DTYPE_CODES
 from ._checks import Refused, check_array, check_out
+from ._counts import describe, impossible_counts, mismatch
 from ._decision import allgather as decide, copy_unrunnable
 
 if TYPE_CHECKING:
@@ -202,33 +202,24 @@ def body_v(
         table[r * m : (r + 1) * m] = mine
         await _algorithms.bruck_allgather(world, spec, table, [i * m for i in range(n + 1)])
         vectors = table.reshape(n, m)
-        me = _describe(spec, flat.dtype, rows, trailing)
+        me = describe(spec, flat.dtype, rows, trailing)
         for peer in range(n):
             peer_rows, peer_trailing = int(vectors[peer, 0]), tuple(vectors[peer, 2:].tolist())
             if peer_rows < 0 or vectors[peer, 1] < -1 or min(peer_trailing, default=0) < 0:
-                link = world.links[peer]
-                raise ProtocolError(
-                    f"rank {r}: {spec.kind.label} #{spec.seq}: from peer rank {peer}: "
-                    f"impossible counts {vectors[peer].tolist()}",
-                    rank=r,
-                    peer=peer,
-                    job_id=link.job_id,
-                    collective=spec.kind.label,
-                    seq=spec.seq,
-                )
+                raise impossible_counts(world, spec, peer, vectors[peer])
             if peer_trailing != trailing:
-                raise _mismatch(
+                raise mismatch(
                     world,
                     spec,
                     peer,
-                    f"{me}, rank {peer}: {_describe(spec, flat.dtype, peer_rows, peer_trailing)}",
+                    f"{me}, rank {peer}: {describe(spec, flat.dtype, peer_rows, peer_trailing)}",
                 )
         all_rows = [int(v) for v in vectors[:, 0]]
         total = sum(all_rows) * math.prod(trailing)
         for peer in range(n):
             capacity = int(vectors[peer, 1])
             if capacity not in (-1, total):
-                raise _mismatch(
+                raise mismatch(
                     world,
                     spec,
                     peer,
@@ -238,22 +229,6 @@ def body_v(
         return all_rows
 
     return run
-
-
-def _describe(spec: OpSpec, dtype: np.dtype, rows: int, trailing: tuple[int, ...]) -> str:
-    shape = ", ".join(str(d) for d in (rows, *trailing))
-    return f"{spec.kind.label} {dtype.name}[{shape}] #{spec.seq}"
-
-
-def _mismatch(world: World, spec: OpSpec, peer: int, detail: str) -> CollectiveMismatchError:
-    return CollectiveMismatchError(
-        f"rank {world.rank}: {detail}",
-        rank=world.rank,
-        peer=peer,
-        job_id=next(iter(world.links.values())).job_id,
-        collective=spec.kind.label,
-        seq=spec.seq,
-    )
 
 
 def _is_block(flat: np.ndarray, gathered: np.ndarray, rank: int) -> bool:

@@ -24,12 +24,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import _algorithms
-from .._errors import CollectiveMismatchError, ProtocolError
 from .._onehost import _copies
 from .._onehost._shm import SHM_MAX_BYTES
 from .._wire import DTYPE_CODES
 from . import _decision
 from ._checks import Refused, check_array, check_out
+from ._counts import describe, impossible_counts, mismatch
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -174,7 +174,7 @@ def _body_v(
     parts: list[np.ndarray[Any, Any]],
     problems: list[str],
 ) -> Callable[[OpSpec], Awaitable[None]]:
-    n, r = world.size, world.rank
+    n = world.size
     dtype = flats[0].dtype
     size = math.prod(trailing)
 
@@ -209,23 +209,14 @@ def _body_v(
         for peer in range(n):
             peer_rows, peer_trailing = int(vectors[peer, 0]), tuple(vectors[peer, 1:].tolist())
             if peer_rows < 0 or min(peer_trailing, default=0) < 0:
-                link = world.links[peer]
-                raise ProtocolError(
-                    f"rank {r}: {spec.kind.label} #{spec.seq}: from peer rank {peer}: "
-                    f"impossible counts {vectors[peer].tolist()}",
-                    rank=r,
-                    peer=peer,
-                    job_id=link.job_id,
-                    collective=spec.kind.label,
-                    seq=spec.seq,
-                )
+                raise impossible_counts(world, spec, peer, vectors[peer])
             if peer_trailing != trailing:
-                raise _mismatch(
+                raise mismatch(
                     world,
                     spec,
                     peer,
-                    f"{_describe(spec, dtype, trailing)}, rank {peer}: "
-                    f"{_describe(spec, dtype, peer_trailing)}",
+                    f"{describe(spec, dtype, None, trailing)}, rank {peer}: "
+                    f"{describe(spec, dtype, None, peer_trailing)}",
                 )
         return [int(v) for v in vectors[:, 0]]
 
@@ -234,19 +225,3 @@ def _body_v(
 
 def _shape_of(x: np.ndarray[Any, Any]) -> str:
     return f"{x.dtype.name}{list(x.shape)}"
-
-
-def _describe(spec: OpSpec, dtype: np.dtype[Any], trailing: tuple[int, ...]) -> str:
-    shape = ", ".join(["rows", *(str(d) for d in trailing)])
-    return f"{spec.kind.label} {dtype.name}[{shape}] #{spec.seq}"
-
-
-def _mismatch(world: World, spec: OpSpec, peer: int, detail: str) -> CollectiveMismatchError:
-    return CollectiveMismatchError(
-        f"rank {world.rank}: {detail}",
-        rank=world.rank,
-        peer=peer,
-        job_id=next(iter(world.links.values())).job_id,
-        collective=spec.kind.label,
-        seq=spec.seq,
-    )

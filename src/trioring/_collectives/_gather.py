@@ -44,12 +44,13 @@ import attrs
 import numpy as np
 
 from .. import _algorithms
-from .._errors import CollectiveMismatchError, ProtocolError
+from .._errors import ProtocolError
 from .._onehost import _copies
 from .._onehost._shm import SHM_MAX_BYTES
 from .._wire import DTYPE_CODES, DTYPES
 from . import _decision
 from ._checks import Refused, check_array, check_out, check_root
+from ._counts import describe, impossible_counts, job_id, mismatch
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -196,28 +197,20 @@ def _check_vectors(
 ) -> list[int]:
     """Every rank's rows, once every rank's vector agreed with this one's (the same checks,
     in the same order, on every rank)."""
-    n, r = world.size, world.rank
-    me = _describe(spec, dtype, rows, trailing)
+    n = world.size
+    me = describe(spec, dtype, rows, trailing)
     for peer in range(n):
         peer_rows, peer_trailing = int(vectors[peer, 0]), tuple(vectors[peer, 2:].tolist())
         if peer_rows < 0 or vectors[peer, 1] < -1 or min(peer_trailing, default=0) < 0:
-            raise ProtocolError(
-                f"rank {r}: {spec.kind.label} #{spec.seq}: from peer rank {peer}: "
-                f"impossible counts {vectors[peer].tolist()}",
-                rank=r,
-                peer=peer,
-                job_id=_job_id(world),
-                collective=spec.kind.label,
-                seq=spec.seq,
-            )
+            raise impossible_counts(world, spec, peer, vectors[peer])
         if peer_trailing != trailing:
-            theirs = _describe(spec, dtype, peer_rows, peer_trailing)
-            raise _mismatch(world, spec, peer, f"{me}, rank {peer}: {theirs}")
+            theirs = describe(spec, dtype, peer_rows, peer_trailing)
+            raise mismatch(world, spec, peer, f"{me}, rank {peer}: {theirs}")
     all_rows = [int(v) for v in vectors[:, 0]]
     total = sum(all_rows) * math.prod(trailing)
     capacity = int(vectors[root, 1])
     if capacity not in (-1, total):
-        raise _mismatch(
+        raise mismatch(
             world,
             spec,
             root,
@@ -407,7 +400,7 @@ def _scatter_elsewhere(
                 return box[0].reshape(-1)
             count = math.prod(shape)
             if target.shape[0] != count:
-                raise _mismatch(
+                raise mismatch(
                     world,
                     spec,
                     root,
@@ -472,7 +465,7 @@ def _check_header(world: World, spec: OpSpec, header: np.ndarray, root: int) -> 
             f"{header[:_SHAPE].tolist()}",
             rank=r,
             peer=root,
-            job_id=_job_id(world),
+            job_id=job_id(world),
             collective=spec.kind.label,
             seq=spec.seq,
         )
@@ -485,7 +478,7 @@ def _check_header(world: World, spec: OpSpec, header: np.ndarray, root: int) -> 
             peer = int(header[at + 1])
             other = DTYPES[int(header[at]) - 1] if 0 < header[at] <= len(DTYPES) else "?"
             whose = "this rank's" if peer == r else f"rank {peer}'s"
-            raise _mismatch(
+            raise mismatch(
                 world,
                 spec,
                 root if peer == r else peer,
@@ -498,7 +491,7 @@ def _check_header(world: World, spec: OpSpec, header: np.ndarray, root: int) -> 
         if header[at] != count:
             peer = int(header[at + 1])
             whose = "this rank's" if peer == r else f"rank {peer}'s"
-            raise _mismatch(
+            raise mismatch(
                 world,
                 spec,
                 root if peer == r else peer,
@@ -517,25 +510,5 @@ def _same(a: np.ndarray, b: np.ndarray) -> bool:
     return bool(a.shape[0] == b.shape[0] and a.ctypes.data == b.ctypes.data)
 
 
-def _describe(spec: OpSpec, dtype: np.dtype, rows: int, trailing: tuple[int, ...]) -> str:
-    shape = ", ".join(str(d) for d in (rows, *trailing))
-    return f"{spec.kind.label} {dtype.name}[{shape}] #{spec.seq}"
-
-
 def _name(value: object) -> str:
     return type(value).__name__
-
-
-def _job_id(world: World) -> str | None:
-    return next(iter(world.links.values())).job_id if world.links else None
-
-
-def _mismatch(world: World, spec: OpSpec, peer: int, detail: str) -> CollectiveMismatchError:
-    return CollectiveMismatchError(
-        f"rank {world.rank}: {detail}",
-        rank=world.rank,
-        peer=peer,
-        job_id=_job_id(world),
-        collective=spec.kind.label,
-        seq=spec.seq,
-    )
