@@ -1,4 +1,5 @@
-"""trioring demo: collectives on float32 arrays, checked against numpy, then timed.
+"""trioring demo: every collective, a sendrecv ring, a split and two concurrent collectives
+on a dup, on float32 arrays, checked against numpy; then the collectives timed.
 
 Run it with the launcher (``make demo`` does exactly this)::
 
@@ -123,6 +124,33 @@ async def check_correctness(comm: trioring.Communicator) -> tuple[list[str], dic
     await comm.exscan(e)
     # Rank 0 gets the op's identity: zeros for a sum.
     expect("exscan(op='sum')", e, reference("sum", inputs[:r]) if r else np.zeros_like(x))
+
+    # Point-to-point: every rank sends right and receives from the left, both at once.
+    right, left = (r + 1) % n, (r - 1) % n
+    expect("sendrecv(ring)", await comm.sendrecv(x, dest=right, source=left), inputs[left])
+    # A sub-communicator per parity; then a dup whose allgather runs while the world
+    # communicator runs an allreduce, from two tasks.
+    async with comm.split(color=r % 2) as half:
+        assert half is not None
+        h = x.copy()
+        await half.allreduce(h)
+        expect("split(color=r % 2).allreduce", h, reference("sum", inputs[r % 2 :: 2]))
+    async with comm.dup() as side:
+        w = x.copy()
+        got: list[np.ndarray] = []
+
+        async def side_allgather() -> None:
+            got.append(await side.allgather(x[:10]))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(comm.allreduce, w)
+            nursery.start_soon(side_allgather)
+        expect("dup: allreduce || allgather", w, reference("sum", inputs))
+        expect(
+            "dup: allgather || allreduce",
+            got[0].reshape(-1),
+            np.concatenate([v[:10] for v in inputs]),
+        )
 
     await comm.barrier()
     return failures, samples

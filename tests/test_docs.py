@@ -140,8 +140,9 @@ def test_from_torch_example_under_trioring_run(tmp_path: Path) -> None:
 
 
 def test_objects_example_under_trioring_run(tmp_path: Path) -> None:
-    """The how-to's object collectives run at several world sizes (every rank refuses the
-    set before any I/O and carries on), and print what the page shows at 4."""
+    """The how-to's object collectives and object message run at several world sizes
+    (every rank refuses the set before any I/O and carries on), and print what the page
+    shows at 4."""
     for n in (1, 3, 4):
         result = _run(
             *("-m", "trioring", "run", "-n", str(n), "--no-tag-output"),
@@ -151,7 +152,68 @@ def test_objects_example_under_trioring_run(tmp_path: Path) -> None:
         assert result.returncode == 0, result.stdout + result.stderr
         assert "still usable: True" in result.stdout.splitlines()
         assert f"hist sums: {[float(r + 1) for r in range(n)]}" in result.stdout.splitlines()
+        summary = {"from": n - 1, "ranks": list(range(n))}
+        assert f"summary: {summary}" in result.stdout.splitlines()
     documented = _documented_output_of(DOCS / "how-to" / "objects.md", "objects.py")
+    assert result.stdout.splitlines() == documented
+
+
+def _run_on_unix(script: str, n: int, cwd: Path) -> subprocess.CompletedProcess[str]:
+    """`trioring run -n N --transport unix` on an example, so that its sub-communicators
+    agree on the one-host paths too."""
+    return _run(
+        *("-m", "trioring", "run", "-n", str(n), "--transport", "unix", "--no-tag-output"),
+        str(EXAMPLES / script),
+        cwd=cwd,
+    )
+
+
+def test_pipeline_example_under_trioring_run(tmp_path: Path) -> None:
+    """The how-to's pipeline: micro-batches of 128 KiB (rendezvous messages) pass through
+    every stage and come back to rank 0 in order, equal to the one-process computation, at
+    several world sizes, and the page shows the output at 4."""
+    for n in (2, 3, 4):
+        result = _run_on_unix("pipeline.py", n, tmp_path)
+        assert result.returncode == 0, result.stdout + result.stderr
+        lines = result.stdout.splitlines()
+        assert f"6 micro-batches through {n} stages" in lines, lines
+        assert sum(line.endswith("same as one process: True") for line in lines) == 6, lines
+    documented = _documented_output_of(DOCS / "how-to" / "send-recv.md", "pipeline.py")
+    assert lines == documented
+
+
+def test_halo_exchange_example_under_trioring_run(tmp_path: Path) -> None:
+    """The how-to's halo exchange gives the one-process result bit for bit at every world
+    size that divides the domain, a world of one (sends to itself) included."""
+    for n in (1, 2, 3, 4):
+        result = _run_on_unix("halo_exchange.py", n, tmp_path)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "same as one process, bit for bit: True" in result.stdout.splitlines()
+    documented = _documented_output_of(DOCS / "how-to" / "send-recv.md", "halo_exchange.py")
+    assert result.stdout.splitlines() == documented
+
+
+def test_work_queue_example_under_trioring_run(tmp_path: Path) -> None:
+    """The how-to's work queue does every task once, whichever worker takes it, with one
+    worker and with more workers than tasks, and prints what the page shows at 4."""
+    for n in (2, 4, 16):
+        result = _run_on_unix("work_queue.py", n, tmp_path)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert f"12 tasks done by {n - 1} workers" in result.stdout.splitlines()
+    result = _run_on_unix("work_queue.py", 4, tmp_path)
+    documented = _documented_output_of(DOCS / "how-to" / "send-recv.md", "work_queue.py")
+    assert result.stdout.splitlines() == documented
+
+
+def test_groups_example_under_trioring_run(tmp_path: Path) -> None:
+    """The tutorial: per-group averages, world averages and a background allgather on a
+    dup, at once; every replica ends identical, at several world sizes, and the page shows
+    the output at 4."""
+    for n in (2, 6, 4):
+        result = _run_on_unix("groups.py", n, tmp_path)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert f"replicas identical on {n} ranks: True" in result.stdout.splitlines()
+    documented = _documented_output_of(DOCS / "tutorials" / "groups.md", "groups.py")
     assert result.stdout.splitlines() == documented
 
 
@@ -294,6 +356,10 @@ def test_every_example_is_tested() -> None:
         "sharded_evaluation.py",
         "from_torch.py",
         "objects.py",
+        "pipeline.py",
+        "halo_exchange.py",
+        "work_queue.py",
+        "groups.py",
     }
     assert {path.name for path in EXAMPLES.glob("*.py")} == tested
 
@@ -417,6 +483,14 @@ def test_site_builds(site: Path) -> None:
             "barrier",
             "allgather",
             "allgatherv",
+            "send",
+            "recv",
+            "recv_any",
+            "sendrecv",
+            "send_object",
+            "recv_object",
+            "split",
+            "dup",
             "aclose",
         ],
         "reference/open-communicator": ["open_communicator", "ReduceOp"],

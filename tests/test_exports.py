@@ -38,6 +38,7 @@ def test_expected_surface() -> None:
         "PeerFailedError",
         "ProtocolError",
         "ReduceOp",
+        "TAG_BOUND",
         "RendezvousError",
         "TransportUnavailable",
         "TrioringError",

@@ -485,9 +485,12 @@ def count_tasks() -> int:
 
 
 async def test_nothing_left_running_after_failure() -> None:
-    """After a failed collective no helper task of trioring's is left behind."""
-    before = count_tasks()
+    """After a failed collective no helper task of trioring's is left behind (the world's
+    own background tasks, the point-to-point readers and the listener's acceptor, run until
+    the world closes, and not a moment longer)."""
+    outside = count_tasks()
     async with open_local_world(3) as comms:
+        before = count_tasks()
 
         async def rank_main(comm: trioring.Communicator) -> None:
             dtype = np.float64 if comm.rank == 0 else np.float32
@@ -498,6 +501,7 @@ async def test_nothing_left_running_after_failure() -> None:
             await run_ranks(comms, rank_main)
         assert count_tasks() == before
         assert all(c.broken for c in comms)
+    assert count_tasks() == outside
 
 
 def test_reference_helper_sanity() -> None:

@@ -258,8 +258,9 @@ async def test_entry_point_transport_is_found_and_used(plugin_dist: Path) -> Non
                 nursery.start_soon(rank_main, rank)
     for result in results:
         np.testing.assert_array_equal(result, [3.0, 3.0, 3.0])
-    # Data connections went through the plugin (rank 1 connected to rank 0).
-    assert len(trioring_test_plugin.CONNECTS) == 1
+    # Data connections went through the plugin: rank 1 connected to rank 0 twice, once for
+    # the collectives and once for point-to-point messages.
+    assert len(trioring_test_plugin.CONNECTS) == 2
 
 
 # -- transports -------------------------------------------------------------------------------

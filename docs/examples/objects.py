@@ -20,6 +20,12 @@ async def main() -> None:
         # Rows of any shape, on rank 0 only; the others get None.
         rows = await comm.gather_object(("ok", r, (None,) * r), root=0)
 
+        # One rank to another: the last rank sends rank 0 a summary (in a world of one,
+        # rank 0 sends it to itself).
+        if r == n - 1:
+            await comm.send_object({"from": r, "ranks": [s["rank"] for s in stats]}, dest=0)
+        summary = await comm.recv_object(source=n - 1) if r == 0 else None
+
         # Anything else is refused before any I/O, on every rank that passes it, with
         # where it is; the communicator stays usable.
         try:
@@ -33,6 +39,7 @@ async def main() -> None:
             print("losses:", [round(s["loss"], 3) for s in stats])
             print("hist sums:", [float(s["hist"].sum()) for s in stats])
             print("rows:", rows)
+            print("summary:", summary)
             print("refused:", refused)
             print("still usable:", total == [len(refused)] * n)
 

@@ -25,6 +25,7 @@ from ._errors import (
     TrioringError as TrioringError,
 )
 from ._opening import open_communicator as open_communicator
+from ._p2p import TAG_BOUND as TAG_BOUND
 from ._registry import (
     Capability as Capability,
     capabilities as capabilities,

@@ -15,7 +15,9 @@ from ._methods import (
     AllgatherMethods,
     AlltoallMethods,
     GatherMethods,
+    GroupMethods,
     ObjectMethods,
+    PointToPointMethods,
     ReduceMethods,
     ScanMethods,
 )
@@ -36,6 +38,8 @@ class Communicator(
     AlltoallMethods,
     ScanMethods,
     ObjectMethods,
+    PointToPointMethods,
+    GroupMethods,
     CommunicatorCore,
     metaclass=NoPublicConstructor,
 ):
@@ -49,7 +53,14 @@ class Communicator(
     ...); every frame on the wire carries the call's identity, and a rank that receives
     anything else raises :class:`~trioring.CollectiveMismatchError` naming both sides. One
     communicator runs one collective at a time: a second task calling in while one runs gets
-    :class:`~trioring.CommunicatorBusyError` (open several communicators for concurrency).
+    :class:`~trioring.CommunicatorBusyError`.
+
+    **Concurrency.** For collectives at the same time from different tasks, make
+    communicators from this one (:meth:`dup`, :meth:`split`): each has its own connections,
+    sequence numbers and busy rule, so collectives on different communicators run at once
+    and never wait behind each other, whatever order the tasks start them in on each rank.
+    Point-to-point messages (:meth:`send`, :meth:`recv`, ...) need no such care: any number
+    of tasks may use them at once, also while a collective runs.
 
     **Arrays.** Collectives work in place on numpy arrays of any shape that are C-contiguous,
     writable and of a supported dtype (int8..int64, uint8..uint64, float16/32/64,
@@ -90,7 +101,7 @@ class Communicator(
     @property
     def transport(self) -> str:
         """The name of the data transport (``"tcp"``, ``"unix"``, ``"memory"``, ...)."""
-        return self._transport.name
+        return self._family.transport.name
 
     @property
     def features(self) -> frozenset[str]:
@@ -266,12 +277,15 @@ class Communicator(
         await self._run(kind, _barrier.body(name, world))
 
     async def aclose(self) -> None:
-        """Close every connection. Idempotent; later calls raise
-        :class:`~trioring.CommunicatorClosedError`. Peers that are still inside a collective
-        with this rank see :class:`~trioring.PeerFailedError`. A collective running in another
-        task raises :class:`~trioring.CommunicatorClosedError`."""
-        if self._state is not State.CLOSED:
-            self._state = State.CLOSED
-            with trio.CancelScope(shield=True):
-                await self._close_connections()
+        """Close this communicator and every communicator made from it (by :meth:`split` or
+        :meth:`dup`, recursively). Idempotent; later calls raise
+        :class:`~trioring.CommunicatorClosedError`, and so does a call running in another
+        task (a collective, a send or a receive). Peers that are still inside a collective
+        with this rank see :class:`~trioring.PeerFailedError`. Closing a sub-communicator
+        leaves the one it was made from open; closing the world communicator (what leaving
+        :func:`~trioring.open_communicator` does) also ends the point-to-point plane and the
+        background tasks of the world."""
+        await self._close_tree()
+        if self._parent is None:
+            await self._family.aclose()
         await trio.lowlevel.checkpoint()

@@ -8,6 +8,7 @@ methods live in :mod:`trioring._communicator` and the family modules of
 from __future__ import annotations
 
 import enum
+import hashlib
 import logging
 from typing import TYPE_CHECKING, TypeVar
 
@@ -31,12 +32,13 @@ from ._errors import (
     TrioringError,
 )
 from ._framing import Link, WaitCount
+from ._p2p import Scope
 from ._wire import NO_ROOT, AbortKind, Kind, OpSpec
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping
 
-    from .transports import Transport
+    from ._family import Family
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "CommunicatorCore", "State"]
 
@@ -49,6 +51,12 @@ _logger = logging.getLogger("trioring")
 _PAGE = 4096
 
 _R = TypeVar("_R")
+
+
+def comm_id(key: str) -> int:
+    """The 64-bit id of the communicator named ``key`` in point-to-point frames: identical
+    on every member, and two names of one world collide with probability 2**-64."""
+    return int.from_bytes(hashlib.blake2b(key.encode(), digest_size=8).digest(), "little")
 
 
 class State(enum.Enum):
@@ -74,16 +82,31 @@ class CommunicatorCore:
         *,
         rank: int,
         world_size: int,
-        transport: Transport,
+        family: Family,
         links: dict[int, Link],
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         job_id: str = "",
+        key: str = "world",
+        members: tuple[int, ...] | None = None,
+        parent: CommunicatorCore | None = None,
+        label: str = "",
     ) -> None:
         self._job_id = job_id or None
         self._rank = rank
         self._world_size = world_size
-        self._transport = transport
+        self._family = family
         self._links = links
+        #: This communicator's name in the world (identical on its members, unique in the
+        #: world: "world", "world/split#4/1", ...), the world rank of each of its ranks, the
+        #: communicator it was made from, and those made from it that are still open.
+        self._key = key
+        self._members = members if members is not None else tuple(range(world_size))
+        self._parent = parent
+        self._children: list[CommunicatorCore] = []
+        #: "" for the world communicator; "split #4 of world (color 1)" for a child.
+        self._label = label
+        self._scope = Scope(comm_id=comm_id(key), rank=rank, members=self._members, label=label)
+        family.endpoint.register(self._scope)
         self._seq = 0
         self._state = State.OPEN
         self._broken_by: BaseException | None = None
@@ -189,6 +212,54 @@ class CommunicatorCore:
                 seq=self._seq + 1,
             )
 
+    def _check_open_for_messages(self, what: str) -> None:
+        """Point-to-point calls need an open communicator, but not an idle one (any number
+        of tasks may send and receive while a collective runs)."""
+        if self._state is State.OPEN:
+            return
+        if self._state is State.CLOSED:
+            raise self._closed_error(what)
+        raise self._broken_error(what)
+
+    def _closed_error(self, what: str) -> CommunicatorClosedError:
+        return CommunicatorClosedError(
+            f"rank {self._rank}: {what}: the communicator{self._named} is closed",
+            rank=self._rank,
+            job_id=self._job_id,
+            collective=what.partition("(")[0],
+        )
+
+    def _broken_error(self, what: str) -> CommunicatorBrokenError:
+        error = CommunicatorBrokenError(
+            f"rank {self._rank}: {what}: the communicator{self._named} is broken since "
+            f"collective #{self._seq} failed ({type(self._broken_by).__name__}: "
+            f"{self._broken_by}); open a new communicator",
+            rank=self._rank,
+            job_id=self._job_id,
+            collective=what.partition("(")[0],
+        )
+        error.__cause__ = self._broken_by
+        return error
+
+    @property
+    def _named(self) -> str:
+        return f" ({self._label})" if self._label else ""
+
+    async def _close_tree(self) -> None:
+        """Close the communicators made from this one (first, since they may be made from
+        it only while it is open), then this one's connections; the pending calls of each
+        raise CommunicatorClosedError. The point-to-point plane and the listener are the
+        world's: :meth:`Communicator.aclose` closes them with the world communicator."""
+        for child in list(self._children):
+            await child._close_tree()
+        if self._state is not State.CLOSED:
+            self._state = State.CLOSED
+            await self._family.endpoint.leave(self._scope.comm_id, self._closed_error)
+            with trio.CancelScope(shield=True):
+                await self._close_connections()
+        if self._parent is not None and self in self._parent._children:
+            self._parent._children.remove(self)
+
     async def _run(
         self,
         kind: Kind,
@@ -214,6 +285,8 @@ class CommunicatorCore:
                 # whose data was all there at once (or a world of one) has not yielded yet.
                 await trio.lowlevel.cancel_shielded_checkpoint()
         except CollectiveError as exc:
+            if self._label:
+                exc.add_note(self._ranks_note())
             cause = exc
             try:
                 cause = await self._relayed_cause(exc, spec)
@@ -243,6 +316,11 @@ class CommunicatorCore:
             raise
         finally:
             self._running = None
+
+    def _ranks_note(self) -> str:
+        """For an error in a sub-communicator: its ranks are not the world's."""
+        pairs = ", ".join(f"{r}->{w}" for r, w in enumerate(self._members))
+        return f"ranks above are those of {self._label}; as world ranks: {pairs}"
 
     async def _relayed_cause(self, error: CollectiveError, spec: OpSpec) -> CollectiveError:
         """A lost connection is often the echo of a failure elsewhere: a neighbour broke
@@ -310,6 +388,8 @@ class CommunicatorCore:
                                 link.send_abort, kind, subject, spec.seq, reason, reporter
                             )
             await self._close_connections()
+        if self._state is State.BROKEN:
+            await self._family.endpoint.leave(self._scope.comm_id, self._broken_error)
 
     async def _close_connections(self) -> None:
         if self._world.shm is not None:
@@ -317,4 +397,3 @@ class CommunicatorCore:
             self._world.shm_plans.clear()
         for link in self._links.values():
             await trio.aclose_forcefully(link.connection)
-        self._transport.close()

@@ -1,7 +1,9 @@
-"""The pairwise mesh: rank i connects to every j < i and accepts every j > i, each data
-connection authenticated (:mod:`trioring._auth`) and then introduced with MESH_HELLO
-{session, from, to}, answered by MESH_ACK {session, from}, so that a connection from another
-job, an earlier world or a stray client is never taken for a peer."""
+"""The pairwise mesh: rank i connects to every j < i and accepts every j > i, twice (plane 0
+carries the world communicator's collectives, plane 1 the point-to-point messages of every
+communicator of the world, see :mod:`trioring._p2p`). Each data connection is authenticated
+(:mod:`trioring._auth`) and then introduced with MESH_HELLO {session, from, to, plane},
+answered by MESH_ACK {session, from}, so that a connection from another job, an earlier world
+or a stray client is never taken for a peer."""
 
 from __future__ import annotations
 
@@ -43,9 +45,11 @@ async def connect_mesh(
     listener: Listener,
     session: str,
     addresses: list[str],
+    p2p: dict[int, Connection],
     links: dict[int, Link],
 ) -> None:
-    """Connect to every lower rank and accept every higher one, filling ``links``. Raises
+    """Connect to every lower rank and accept every higher one, filling ``links`` (plane 0)
+    and ``p2p`` (plane 1). Raises
     :class:`RendezvousError` naming the peer when a connection or its handshake fails; waits
     for peers that do not come for as long as the caller's scope allows."""
     rank, size = config.rank, config.world_size
@@ -59,7 +63,7 @@ async def connect_mesh(
             job_id=job_id(config),
         )
 
-    async def connect_to(peer: int) -> None:
+    async def connect_to(peer: int, plane: int) -> None:
         address = addresses[peer]
         try:
             connection = await transport.connect(address)
@@ -77,7 +81,9 @@ async def connect_mesh(
                 world_size=size,
             )
             await send_message(
-                connection, MESH_HELLO, {"session": session, "from": rank, "to": peer}
+                connection,
+                MESH_HELLO,
+                {"session": session, "from": rank, "to": peer, "plane": plane},
             )
             _, body = await read_message(connection, {MESH_ACK})
             if body.get("session") != session or body.get("from") != peer:
@@ -88,42 +94,55 @@ async def connect_mesh(
         except BaseException:
             await trio.aclose_forcefully(connection)
             raise
-        links[peer] = Link(rank, peer, connection, job_id=config.credentials.job_id)
+        if plane:
+            p2p[peer] = connection
+        else:
+            links[peer] = Link(rank, peer, connection, job_id=config.credentials.job_id)
 
     admission = Admission(config, "connection set-up")
 
     async def accept_higher() -> None:
-        pending = set(range(rank + 1, size))
+        pending = {(peer, plane) for peer in range(rank + 1, size) for plane in (0, 1)}
         if not pending:
             return
         async with trio.open_nursery() as nursery:
 
             async def handle(connection: Connection) -> None:
-                async def greet() -> int:
+                async def greet() -> tuple[int, int]:
                     client = await _auth.accept(
                         connection, config.credentials, role=_auth.Role.MESH, rank=rank
                     )
                     peer = client.rank
-                    if client.world_size != size or peer not in pending:
+                    if client.world_size != size or not rank < peer < size:
                         raise BadMessage(f"unexpected rank {peer} of world {client.world_size}")
                     _, body = await read_message(connection, {MESH_HELLO})
-                    if (body.get("session"), body.get("from"), body.get("to")) != (
-                        session,
-                        peer,
-                        rank,
+                    plane = body.get("plane")
+                    if (
+                        not isinstance(plane, int)
+                        or (body.get("session"), body.get("from"), body.get("to"))
+                        != (
+                            session,
+                            peer,
+                            rank,
+                        )
+                        or (peer, plane) not in pending
                     ):
                         raise BadMessage("not from this world")
-                    pending.discard(peer)
+                    pending.discard((peer, plane))
                     await send_message(connection, MESH_ACK, {"session": session, "from": rank})
-                    return peer
+                    return peer, plane
 
-                peer = await admission.run(connection, greet)
-                if peer is None:
+                greeted = await admission.run(connection, greet)
+                if greeted is None:
                     return
-                links[peer] = Link(rank, peer, connection, job_id=config.credentials.job_id)
-                # Stop accepting only once every higher rank's handshake has completed, not
+                peer, plane = greeted
+                if plane:
+                    p2p[peer] = connection
+                else:
+                    links[peer] = Link(rank, peer, connection, job_id=config.credentials.job_id)
+                # Stop accepting only once every higher rank's handshakes have completed, not
                 # merely started: cancelling earlier would cut a handshake in half.
-                if all(p in links for p in range(rank + 1, size)):
+                if all(p in links and p in p2p for p in range(rank + 1, size)):
                     nursery.cancel_scope.cancel()
 
             while True:
@@ -131,7 +150,10 @@ async def connect_mesh(
 
     started = trio.current_time()
     try:
-        await run_concurrently(accept_higher, *(_bind(connect_to, peer) for peer in range(rank)))
+        await run_concurrently(
+            accept_higher,
+            *(_bind(connect_to, peer, plane) for peer in range(rank) for plane in (0, 1)),
+        )
     except BaseException as exc:
         missing = sorted(set(range(size)) - links.keys() - {rank})
         if missing and is_cancellation(exc):
@@ -146,8 +168,8 @@ async def connect_mesh(
         raise
 
 
-def _bind(function: Callable[[int], Any], argument: int) -> Callable[[], Any]:
+def _bind(function: Callable[..., Any], *arguments: int) -> Callable[[], Any]:
     async def bound() -> None:
-        await function(argument)
+        await function(*arguments)
 
     return bound

@@ -13,7 +13,9 @@ import trio
 from . import _config, _registry
 from ._communicator import DEFAULT_CHUNK_BYTES, Communicator
 from ._errors import CollectiveError, ConcurrentOpenError, ConfigurationError, RendezvousError
+from ._family import Family
 from ._onehost import _agree as onehost_agree
+from ._p2p import Endpoint
 from ._rendezvous import connect_world
 from .transports import TcpTransport, Transport, TransportContext, UnixTransport
 
@@ -32,6 +34,8 @@ async def create_communicator(
     *,
     chunk_bytes: int = DEFAULT_CHUNK_BYTES,
 ) -> Communicator:
+    """Assemble the world and return its communicator, whose background tasks (the
+    point-to-point readers, the listener's acceptor) run until it closes."""
     if config.transport == "memory":
         make_rendezvous: Callable[[TransportContext], Transport] = make_transport
     elif config.rendezvous_over_socket_dir:
@@ -62,16 +66,40 @@ async def create_communicator(
             ) from exc
 
     try:
-        transport, links = await connect_world(config, make_transport, make_rendezvous, agree)
+        assembled = await connect_world(config, make_transport, make_rendezvous, agree)
     except BaseException:
         # connect_world closed the links and the transport; the segment is ours.
         if shm is not None:
             shm.close()
         raise
+    links = assembled.links
+    family = Family(
+        config=config,
+        transport=assembled.transport,
+        listener=assembled.listener,
+        addresses=assembled.addresses,
+        session=assembled.session,
+        endpoint=Endpoint(
+            rank=config.rank,
+            connections=assembled.p2p,
+            job_id=config.credentials.job_id or None,
+            spin_seconds=config.spin_seconds,
+        ),
+    )
+    try:
+        await family.start()
+    except BaseException:
+        with trio.CancelScope(shield=True):
+            if shm is not None:
+                shm.close()
+            for link in links.values():
+                await trio.aclose_forcefully(link.connection)
+            await family.aclose()
+        raise
     comm = Communicator._create(
         rank=config.rank,
         world_size=config.world_size,
-        transport=transport,
+        family=family,
         links=links,
         chunk_bytes=chunk_bytes,
         job_id=config.credentials.job_id,

@@ -26,8 +26,9 @@ import logging
 import os
 import secrets
 import socket as _stdlib_socket
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, final
 
+import attrs
 import trio
 
 from . import _auth
@@ -290,9 +291,11 @@ async def connect_world(
     make_transport: Callable[[TransportContext], Transport],
     make_rendezvous_transport: Callable[[TransportContext], Transport],
     finish: Callable[[dict[int, Link]], Awaitable[None]],
-) -> tuple[Transport, dict[int, Link]]:
+) -> Assembled:
     """Rendezvous, connect the mesh, and run ``finish(links)`` (the capability agreement)
     while every rank watches its control channel; return once every rank has done all of it.
+    The data listener stays open (sub-communicators connect through it): the caller closes
+    it, and then calls :func:`remove_socket_dir`.
 
     A failure on any rank, here or in ``finish``, makes every rank raise
     :class:`RendezvousError` naming it (this rank's own error as it is). On any failure or
@@ -313,12 +316,13 @@ async def connect_world(
         except BaseException:
             alone.close()
             raise
-        return alone, {}
+        return Assembled(transport=alone, links={}, p2p={}, listener=None, addresses=[""])
 
     address = rendezvous_address(config)
     rendezvous = make_rendezvous_transport(base)
     transport: Transport | None = None
     links: dict[int, Link] = {}
+    p2p: dict[int, Connection] = {}
     data_listener: Listener | None = None
     session, addresses = "", [""]
 
@@ -326,7 +330,7 @@ async def connect_world(
         """This rank's part once it has the table: its connections, then ``finish``."""
         assert transport is not None
         assert data_listener is not None
-        await connect_mesh(config, transport, data_listener, session, addresses, links)
+        await connect_mesh(config, transport, data_listener, session, addresses, p2p, links)
         await finish(links)
 
     try:
@@ -392,22 +396,51 @@ async def connect_world(
             finally:
                 await trio.aclose_forcefully(connection)
         assert transport is not None
-        return transport, links
+        assert data_listener is not None
+        return Assembled(
+            transport=transport,
+            links=links,
+            p2p=p2p,
+            listener=data_listener,
+            addresses=addresses,
+            session=session,
+        )
     except BaseException:
         for link in links.values():
             await trio.aclose_forcefully(link.connection)
-        if transport is not None:
-            transport.close()
-        raise
-    finally:
+        for connection in p2p.values():
+            await trio.aclose_forcefully(connection)
         if data_listener is not None:
             await trio.aclose_forcefully(data_listener)
+        if transport is not None:
+            transport.close()
+        remove_socket_dir(config)
+        raise
+    finally:
         rendezvous.close()
-        if config.socket_dir_derived and config.socket_dir is not None:
-            # Every listener of the job is closed once the mesh is up, so the directory we
-            # made is empty then; whichever rank gets here last removes it.
-            with contextlib.suppress(OSError):
-                os.rmdir(config.socket_dir)
+
+
+def remove_socket_dir(config: Config) -> None:
+    """Remove the socket directory trioring made for this job, if it is empty: every rank
+    calls this once its listener is closed, and whichever rank gets here last removes it."""
+    if config.socket_dir_derived and config.socket_dir is not None:
+        with contextlib.suppress(OSError):
+            os.rmdir(config.socket_dir)
+
+
+@final
+@attrs.frozen(kw_only=True)
+class Assembled:
+    """What :func:`connect_world` hands over: the transport, the world communicator's links
+    (plane 0), the point-to-point connections (plane 1), the data listener (None in a world
+    of one) and every rank's data address."""
+
+    transport: Transport
+    links: dict[int, Link]
+    p2p: dict[int, Connection]
+    listener: Listener | None
+    addresses: list[str]
+    session: str = ""
 
 
 def _log_unfinished_join(config: Config, follower: Follower, address: str, started: float) -> None:

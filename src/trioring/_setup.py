@@ -31,6 +31,8 @@ VERSION = 2
 HEADER = struct.Struct("<4sBBxxI")
 HELLO, TABLE, REFUSE, MESH_HELLO, MESH_ACK = 1, 2, 3, 4, 5
 READY, GO, FAILED, ABORT = 6, 7, 8, 9
+#: A sub-communicator's connection, through the data listener (see _family).
+GROUP_HELLO, GROUP_ACK = 10, 11
 MAX_SMALL_BODY = 4096
 MAX_TABLE_BODY = 16 * 1024 * 1024
 #: Room for a reason in FAILED or ABORT, as JSON (well inside MAX_SMALL_BODY).

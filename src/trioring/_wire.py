@@ -62,6 +62,8 @@ class Kind(enum.IntEnum):
     ALLTOALLV = 15
     SCAN = 16
     EXSCAN = 17
+    SPLIT = 18
+    DUP = 19
 
     @property
     def label(self) -> str:

@@ -410,6 +410,8 @@ async def scenario_cycles(reporter: Reporter, args: list[str]) -> None:
             break
         if cycle == 9:
             report.update(fds_warm=count_fds(), rss_warm=rss_kib())
+        if cycle == count // 2 - 1:
+            report.update(rss_half=rss_kib())
     report.update(
         elapsed=_now() - started,
         cycles=count,

@@ -6,6 +6,8 @@ validate (through its family module in :mod:`trioring._collectives`), pick, run 
 from ._allgather import AllgatherMethods as AllgatherMethods
 from ._alltoall import AlltoallMethods as AlltoallMethods
 from ._gather import GatherMethods as GatherMethods
+from ._groups import GroupMethods as GroupMethods
 from ._objects import ObjectMethods as ObjectMethods
+from ._p2p import PointToPointMethods as PointToPointMethods
 from ._reduce import ReduceMethods as ReduceMethods
 from ._scan import ScanMethods as ScanMethods

@@ -1,0 +1,65 @@
+"""Point-to-point ping-pong between ranks 0 and 1 (the other ranks, if any, wait):
+
+    trioring run -n 2 --transport unix bench/p2p.py [ROUNDS]
+
+For each size, rank 0 sends and rank 1 sends back, ``INNER`` times per round; rank 0 prints
+the median over ROUNDS (default 15) of half a round trip, the bandwidth that makes, and the
+p10-p90 spread. Sizes straddle the eager limit (64 KiB) and the chunk (1 MiB). Every echo
+is checked.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import numpy as np
+import trio
+
+import trioring
+
+SIZES = [8, 1024, 64 * 1024, 64 * 1024 + 8, 1024 * 1024, 16 * 1024 * 1024]
+INNER = 20
+
+
+async def main(rounds: int) -> int:
+    async with trioring.open_communicator() as comm:
+        r = comm.rank
+        rows = []
+        for size in SIZES:
+            x = (np.arange(size, dtype=np.uint8) * 7).view(np.uint8)
+            back = np.empty_like(x)
+            inner = max(2, INNER if size <= 1024 * 1024 else INNER // 4)
+            samples = []
+            for _ in range(rounds):
+                await comm.barrier()
+                start = time.perf_counter()
+                for _ in range(inner):
+                    if r == 0:
+                        await comm.send(x, dest=1)
+                        await comm.recv(source=1, out=back)
+                    elif r == 1:
+                        await comm.recv(source=0, out=back)
+                        await comm.send(back, dest=0)
+                samples.append((time.perf_counter() - start) / inner / 2)
+            if r == 0 and not np.array_equal(back, x):
+                print(f"wrong echo at {size} bytes")
+                return 1
+            if r == 0:
+                deciles = statistics.quantiles(samples, n=10)
+                median = statistics.median(samples)
+                rows.append((size, median, deciles[0], deciles[-1]))
+        if r == 0:
+            print(f"ping-pong, transport {comm.transport}, {rounds} rounds")
+            print(f"{'bytes':>10} {'one way (us)':>14} {'GB/s':>8} {'p10-p90 (us)':>18}")
+            for size, median, p10, p90 in rows:
+                print(
+                    f"{size:>10} {median * 1e6:>14.1f} {size / median / 1e9:>8.3f} "
+                    f"{p10 * 1e6:>8.1f}-{p90 * 1e6:<8.1f}"
+                )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(trio.run(main, int(sys.argv[1]) if len(sys.argv) > 1 else 15))

@@ -1,0 +1,565 @@
+"""The endpoint: one rank's point-to-point plane, shared by every communicator of its world.
+
+Protocol (frames in :mod:`._frames`)
+-------------------------------------
+A message of at most ``eager_bytes`` goes in one EAGER frame when the sender holds enough
+credit for the peer; the receiver queues it if no receive waits for it. Credit is
+``window_bytes`` per peer and direction and counts each message's payload plus
+``MESSAGE_OVERHEAD``; the receiver gives it back in CREDIT frames as receives consume messages
+(once half the window is owed, or with any frame it writes anyway). Any other message goes by
+rendezvous: RTS (header and shape) -> once a receive matches it, the receiving task registers
+the target buffer and writes CTS -> the sending task writes DATA frames of ``chunk_bytes``
+straight from the user's array -> the receiver's reader reads each payload straight into the
+target -> the receiving task writes DONE; the send returns on DONE. So what one peer can make
+us buffer is bounded by ``window_bytes`` plus a header per pending RTS (at most
+``MAX_PENDING_RTS``; beyond that the peer is broken: ProtocolError).
+
+Readers (one task per connection) never write: a reader that waited for a write could
+deadlock two ranks that both write. Frames are written by the calling tasks, one frame at a
+time under the connection's FIFO lock, each write shielded from cancellation (it ends: the
+peer's reader always drains, and a dead peer makes it fail). DATA frames of concurrent sends
+to one peer interleave chunk by chunk, told apart by their message id.
+
+Ordering: messages from one (source, dest, tag) of one communicator are non-overtaking; a
+receive takes the earliest unmatched message from its source (any member for
+``source=None``) with its tag, and an arriving message goes to the earliest posted receive
+that matches it. Sends of one task are ordered; concurrent sends have no order between them.
+
+Cancellation ("a cancelled call had no effect", as far as it can be kept):
+
+* A receive cancelled before it matched is withdrawn; nothing is consumed.
+* A receive cancelled while its rendezvous DATA arrives writes REJECT; the message goes back
+  to its place in the queue, whole, for the next matching receive (the sender writes
+  RESTART and waits for a new CTS). ``out`` may have been partly overwritten.
+* A send cancelled before all its DATA went writes WITHDRAW: the receiver forgets the
+  message, and a receive that had matched it waits again, first in line. ``out`` of that
+  receive may have been partly overwritten.
+* Once a send's last DATA frame is written, it ignores cancellation until DONE (it returns)
+  or REJECT (it writes RESTART and waits for a CTS again, cancellably); so a cancelled send
+  raises Cancelled having delivered nothing, or returns.
+* An eager send is delivered once its frame is written.
+
+Every public async method is a checkpoint on every path.
+
+Failures: a connection that ends or breaks, or carries garbage, fails its peer for good: every
+pending call involving it raises (PeerFailedError or ProtocolError naming this rank, the
+peer, the call and the message's sequence number), later ones raise at once (messages that
+had already arrived whole stay receivable), and ``on_peer_lost`` is called once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import time
+from typing import TYPE_CHECKING, final
+
+import numpy as np
+import trio
+
+from .._errors import InvalidArgumentError, TrioringError
+from .._wire import DTYPE_CODES
+from ._engine import (
+    CHUNK_BYTES,
+    EAGER_BYTES,
+    MESSAGE_OVERHEAD,
+    WINDOW_BYTES,
+    LinkDown,
+    checked_array,
+)
+from ._frames import FrameType, MessageKind, pack_control, pack_data, pack_message
+from ._matching import CommState, Message, PostedRecv, Scope, SendWait
+from ._reading import Reading
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ..transports import Connection
+    from ._peer import Peer
+
+__all__ = ["Endpoint"]
+
+
+@final
+class Endpoint(Reading):
+    """One rank's point-to-point plane (see the module docstring for the protocol).
+
+    ``connections`` maps each other world rank to its connection; the endpoint owns them and
+    closes them in :meth:`aclose`. Start it with ``await nursery.start(endpoint.run)``.
+    ``eager_bytes``, ``window_bytes`` and ``chunk_bytes`` are the protocol's sizes (see the
+    constants); tests make them small to exercise every path.
+
+    Ranks in calls and results are communicator ranks (``scope.members`` maps them to world
+    ranks).
+    """
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        connections: dict[int, Connection],
+        job_id: str | None = None,
+        eager_bytes: int = EAGER_BYTES,
+        window_bytes: int = WINDOW_BYTES,
+        chunk_bytes: int = CHUNK_BYTES,
+        spin_seconds: float = 0.0,
+    ) -> None:
+        super().__init__(
+            rank=rank,
+            connections=connections,
+            job_id=job_id,
+            eager_bytes=eager_bytes,
+            window_bytes=window_bytes,
+            chunk_bytes=chunk_bytes,
+        )
+        #: How long a receive polls (letting the readers run) before it parks: see
+        #: _park_recv. The communicators' TRIORING_SPIN_US.
+        self._spin_seconds = spin_seconds
+
+    # -- life cycle ------------------------------------------------------------------------
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Run the readers (one task per connection) until :meth:`aclose`; start it with
+        ``nursery.start(endpoint.run)``. Never raises because of a peer: peer failures are
+        recorded and raised to the calls they affect. Returns after :meth:`aclose`; if
+        cancelled, closes the endpoint first (pending calls raise CommunicatorClosedError)."""
+        if self._running or self._closed:
+            raise RuntimeError("Endpoint.run() can be called only once")
+        self._running = True
+        try:
+            async with trio.open_nursery() as nursery:
+                for peer in self._peers.values():
+                    nursery.start_soon(self._read_peer, peer)
+                task_status.started()
+                await self._closed_event.wait()
+        finally:
+            with trio.CancelScope(shield=True):
+                await self.aclose()
+
+    async def aclose(self) -> None:
+        """Close every connection; pending and later calls raise CommunicatorClosedError.
+        Idempotent."""
+        if not self._closed:
+            self._closed = True
+            for comm in list(self._comms.values()):
+                self._fail_comm(comm, functools.partial(self._closed_error, comm.scope))
+            for peer in self._peers.values():
+                peer.reader_scope.cancel()
+            self._closed_event.set()
+            for peer in self._peers.values():
+                await trio.aclose_forcefully(peer.connection)
+        await trio.lowlevel.checkpoint()
+
+    def register(self, scope: Scope) -> None:
+        """Start matching messages for ``scope.comm_id``; messages that arrived for it before
+        are adopted (a peer may create a sub-communicator and send on it first)."""
+        members = scope.members
+        bad = None
+        if not 0 <= scope.comm_id < 2**64:
+            bad = f"comm id {scope.comm_id} is not a u64"
+        elif not 0 <= scope.rank < len(members) or members[scope.rank] != self.rank:
+            bad = f"rank {scope.rank} of {members} is not world rank {self.rank}"
+        elif len(set(members)) != len(members) or any(
+            m != self.rank and m not in self._peers for m in members
+        ):
+            bad = f"members {members} are not distinct world ranks"
+        elif scope.comm_id in self._unregistered:
+            bad = f"comm id {scope.comm_id:#x} was unregistered"
+        elif (comm := self._comms.get(scope.comm_id)) is not None and comm.scope is not None:
+            bad = f"comm id {scope.comm_id:#x} is already registered"
+        if bad is not None:
+            raise InvalidArgumentError(f"rank {self.rank}: register: {bad}", rank=self.rank)
+        comm = self._comms.get(scope.comm_id)
+        if comm is None:
+            self._comms[scope.comm_id] = CommState(scope)
+            return
+        comm.adopt(scope)
+        for message in comm.clear_queued():
+            if message.peer in comm.rank_of:
+                comm.insert(message)
+                continue
+            self._drop(message)
+            peer = self._peers[message.peer]
+            self._protocol_violation(
+                peer, f"sent a message on comm id {scope.comm_id:#x}, of which it is no member"
+            )
+
+    async def leave(self, comm_id: int, error: Callable[[str], TrioringError]) -> None:
+        """:meth:`unregister`, then tell the other members (LEFT), so that their calls that
+        wait for this rank on the communicator raise instead of waiting for ever. Best
+        effort and shielded: a peer that is gone is skipped. Idempotent."""
+        comm = self._comms.get(comm_id)
+        self.unregister(comm_id, error)
+        if comm is None or comm.scope is None or self._closed:
+            return
+        with trio.CancelScope(shield=True):
+            for peer in self.queue_left(comm_id, comm.scope.members):
+                await self._flush(peer)
+
+    def unregister(self, comm_id: int, error: Callable[[str], TrioringError]) -> None:
+        """The communicator is closed or broken: its pending calls raise ``error(what)``
+        (``what`` describes the call, e.g. ``"recv(source=0, tag=7)"``), later messages for
+        it are dropped (their credit still given back)."""
+        self._unregistered[comm_id] = error
+        comm = self._comms.pop(comm_id, None)
+        if comm is not None:
+            self._fail_comm(comm, error)
+
+    def peer_error(self, world_rank: int) -> TrioringError | None:
+        """The failure recorded for ``world_rank``'s connection, if any."""
+        peer = self._peers.get(world_rank)
+        return None if peer is None else peer.error
+
+    # -- sending ---------------------------------------------------------------------------
+
+    async def send(
+        self,
+        scope: Scope,
+        dest: int,
+        tag: int,
+        array: np.ndarray,
+        *,
+        kind: MessageKind = MessageKind.ARRAY,
+    ) -> None:
+        """Send ``array`` (any shape and supported dtype; its dtype and shape travel with it)
+        to communicator rank ``dest`` with ``tag``. Returns once the message was written whole
+        (eager) or the receiver has all of it (rendezvous); do not modify ``array`` before.
+        ``kind=OBJECT`` marks uint8 bytes of the object codec. Raises InvalidArgumentError
+        before any I/O for a bad argument; PeerFailedError or ProtocolError if ``dest``
+        failed (a send that raised it may still have been delivered)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        name = "send_object" if kind == MessageKind.OBJECT else "send"
+        what = f"{name}(dest={dest}, tag={tag})"
+        try:
+            comm = self._comm(scope, what)
+            self._check_tag(scope, what, tag)
+            world = self._check_rank(scope, what, dest)
+            data = checked_array(array, what, scope.rank)
+            if not data.flags.c_contiguous:
+                data = data.copy(order="C")  # (np.ascontiguousarray would make 0-d arrays 1-d)
+            kind = MessageKind(kind)
+            if kind is MessageKind.OBJECT and data.dtype != np.uint8:
+                raise InvalidArgumentError(
+                    f"{self._where(scope, what, None)}: an object payload must be uint8",
+                    rank=scope.rank,
+                )
+            peer = self._peers.get(world)
+            if world in self._left.get(scope.comm_id, ()):
+                raise self._left_error(scope, what, world)
+            if peer is not None and peer.error is not None:
+                raise self._for_call(peer.error, scope, what, None, world)
+        except TrioringError:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            raise
+        if peer is None:
+            await self._send_self(comm, scope, tag, data, kind, what)
+            return
+        cost = data.nbytes + MESSAGE_OVERHEAD
+        if data.nbytes <= self._eager_bytes and peer.credit >= cost:
+            header = pack_message(
+                FrameType.EAGER, kind, DTYPE_CODES[data.dtype], data.shape, tag,
+                scope.comm_id, peer.take_id(), data.nbytes, data.size,
+            )  # fmt: skip
+            async with peer.lock:  # cancellable: nothing is sent yet
+                if peer.credit >= cost:  # still, after waiting for the lock
+                    peer.credit -= cost
+                    seq = comm.seq_out(world)
+                    try:
+                        await self._write_locked(peer, header, _bytes_of(data))
+                    except LinkDown as exc:
+                        raise self._for_call(exc.base, scope, what, seq, world) from None
+                    return
+        await self._send_rendezvous(comm, peer, scope, tag, data, kind, what)
+
+    async def _send_rendezvous(
+        self,
+        comm: CommState,
+        peer: Peer,
+        scope: Scope,
+        tag: int,
+        data: np.ndarray,
+        kind: MessageKind,
+        what: str,
+    ) -> None:
+        send = SendWait(scope=scope, peer=peer.world, msg_id=peer.take_id(), what=what)
+        nbytes = data.nbytes
+        flat = _bytes_of(data)
+        header = pack_message(
+            FrameType.RTS, kind, DTYPE_CODES[data.dtype], data.shape, tag, scope.comm_id,
+            send.msg_id, nbytes, data.size,
+        )  # fmt: skip
+        async with peer.lock:  # cancellable: nothing is sent yet
+            send.seq = comm.seq_out(peer.world)
+            # Registered before the RTS goes out: the receiver's CTS can come back (and our
+            # reader handle it) while the write below is still in its checkpoint.
+            peer.outbound[send.msg_id] = send
+            comm.sends.add(send)
+            try:
+                await self._write_locked(peer, header)
+            except LinkDown as exc:
+                peer.outbound.pop(send.msg_id, None)
+                comm.sends.discard(send)
+                raise self._for_call(exc.base, scope, what, send.seq, peer.world) from None
+        try:
+            while True:
+                send.abortable = True
+                while not send.cts:
+                    await self._park_send(send)
+                offset = 0
+                while True:
+                    count = min(self._chunk, nbytes - offset)
+                    async with peer.lock:  # cancellable, between chunks: WITHDRAW
+                        if send.error is not None:
+                            raise send.error
+                        rejected = send.rejected
+                        if not rejected:
+                            frame = pack_data(send.msg_id, nbytes, offset, count)
+                            await self._write_locked(peer, frame, flat[offset : offset + count])
+                    if rejected:
+                        break
+                    offset += count
+                    if offset >= nbytes:
+                        # All of it is written: from here the send completes (DONE) or
+                        # delivers nothing (REJECT), so a cancellation waits for which.
+                        send.abortable = False
+                        while not (send.done or send.rejected):
+                            await self._park_send(send)
+                        if send.done:
+                            return
+                        break
+                # REJECT: the receiver discards what came; begin again on its next CTS.
+                send.rejected = send.cts = False
+                await self._control(peer, pack_control(FrameType.RESTART, send.msg_id))
+        except LinkDown as exc:
+            raise self._for_call(exc.base, scope, what, send.seq, peer.world) from None
+        except BaseException:
+            if not send.done and peer.error is None and not self._closed:
+                peer.outbox.append(pack_control(FrameType.WITHDRAW, send.msg_id))
+                await self._flush(peer)
+            raise
+        finally:
+            peer.outbound.pop(send.msg_id, None)
+            comm.sends.discard(send)
+
+    async def _park_send(
+        self, send: SendWait, on_abort: Callable[[], object] | None = None
+    ) -> None:
+        """Wait until the reader (or a failure) wakes ``send``; raise its error if it has one.
+        Cancellation is refused while ``send.abortable`` is false."""
+        if send.error is None:
+            send.task = trio.lowlevel.current_task()
+
+            def abort(_: object) -> trio.lowlevel.Abort:
+                if not send.abortable:
+                    return trio.lowlevel.Abort.FAILED
+                send.task = None
+                if on_abort is not None:
+                    on_abort()
+                return trio.lowlevel.Abort.SUCCEEDED
+
+            await trio.lowlevel.wait_task_rescheduled(abort)
+        if send.error is not None and not send.done:
+            raise send.error
+
+    async def _send_self(
+        self,
+        comm: CommState,
+        scope: Scope,
+        tag: int,
+        data: np.ndarray,
+        kind: MessageKind,
+        what: str,
+    ) -> None:
+        """A send to this very rank: buffered like an eager message while small (within its
+        own window), else it waits for the matching receive, which copies it once."""
+        common = {"comm_id": scope.comm_id, "tag": tag, "kind": kind, "dtype": data.dtype}
+        cost = data.nbytes + MESSAGE_OVERHEAD
+        if data.nbytes <= self._eager_bytes and self._self_buffered + cost <= self._window:
+            message = Message(
+                peer=self.rank,
+                shape=data.shape,
+                nbytes=data.nbytes,
+                **common,  # type: ignore[arg-type]
+            )
+            message.payload, message.cost = data.copy(), cost
+            self._arrive(message)
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            return
+        send = SendWait(scope=scope, peer=self.rank, msg_id=0, what=what)
+        message = Message(
+            peer=self.rank,
+            shape=data.shape,
+            nbytes=data.nbytes,
+            **common,  # type: ignore[arg-type]
+        )
+        message.local, message.self_send = data.reshape(-1).view(np.uint8), send
+        comm.sends.add(send)
+        try:
+            self._arrive(message)
+            send.seq = message.seq
+            if send.done:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                return
+            while not send.done:
+                await self._park_send(send, on_abort=functools.partial(comm.remove, message))
+        finally:
+            comm.sends.discard(send)
+
+    # -- receiving -------------------------------------------------------------------------
+
+    async def recv(
+        self,
+        scope: Scope,
+        source: int | None,
+        tag: int,
+        out: np.ndarray | None = None,
+        *,
+        kind: MessageKind = MessageKind.ARRAY,
+    ) -> tuple[int, np.ndarray]:
+        """Receive the earliest unmatched message from communicator rank ``source`` (None:
+        from any member) with ``tag``; return (its source rank, the array).
+
+        Without ``out``, the array is new, of the sender's dtype and shape. With ``out`` (a
+        writable C-contiguous array of the message's dtype and at least its size), the data
+        lands in ``out``; the result is ``out`` when the shapes are equal, else the view
+        ``out.reshape(-1)[:n].reshape(shape)``. A message that does not fit (dtype, size, or
+        ``kind``) raises InvalidArgumentError before any byte lands and stays queued.
+        Cancelled, it consumed nothing (``out`` may be partly overwritten)."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        name = "recv_object" if kind == MessageKind.OBJECT else "recv"
+        what = f"recv_any(tag={tag})" if source is None else f"{name}(source={source}, tag={tag})"
+        try:
+            comm = self._comm(scope, what)
+            self._check_tag(scope, what, tag)
+            world = None if source is None else self._check_rank(scope, what, source)
+            if out is not None:
+                checked_array(out, what, scope.rank)
+                if not out.flags.c_contiguous or not out.flags.writeable:
+                    raise InvalidArgumentError(
+                        f"{self._where(scope, what, None)}: out must be writable and C-contiguous",
+                        rank=scope.rank,
+                    )
+            recv = PostedRecv(
+                scope=scope, source=world, tag=tag, kind=MessageKind(kind), out=out,
+                order=comm.next_order(), what=what,
+            )  # fmt: skip
+            message = comm.find(world, tag)
+            if message is not None:
+                error = self._mismatch(message, recv)
+                if error is not None:
+                    raise error
+            else:
+                self._check_sources(comm, recv)
+        except TrioringError:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+            raise
+        comm.recvs.add(recv)
+        try:
+            if message is None:
+                comm.post(recv)
+            else:
+                comm.remove(message)
+                self._bind(comm, message, recv)
+            await self._wait_recv(comm, recv)
+        finally:
+            comm.recvs.discard(recv)
+        assert recv.message is not None
+        assert recv.result is not None
+        return comm.rank_of[recv.message.peer], recv.result
+
+    def _check_sources(self, comm: CommState, recv: PostedRecv) -> None:
+        """Nothing is queued for ``recv``: if its source closed the communicator or failed,
+        nothing will come. A receive from any member raises if one failed (its message may
+        have been lost) or once every other member is gone; a member that closed the
+        communicator (LEFT) before it failed only counts as gone."""
+        scope = recv.scope
+        left = self._left.get(scope.comm_id, set())
+        if recv.source is not None:
+            if recv.source in left:
+                raise self._left_error(scope, recv.what, recv.source)
+            worlds: tuple[int, ...] = (recv.source,)
+        else:
+            worlds = tuple(w for w in scope.members if w not in left)
+        for world in worlds:
+            peer = self._peers.get(world)
+            if peer is not None and peer.error is not None:
+                raise self._for_call(peer.error, scope, recv.what, None, world)
+        if recv.source is None and left and self._all_gone(scope):
+            raise self._left_error(scope, recv.what, max(left))
+
+    async def _wait_recv(self, comm: CommState, recv: PostedRecv) -> None:
+        """Drive ``recv`` to its end: write its CTS when it is bound to a rendezvous message,
+        wait for the data, write DONE (or give credit back)."""
+        waited = False
+        try:
+            while not recv.done:
+                if recv.error is not None:
+                    raise recv.error
+                message = recv.message
+                if recv.need_cts and message is not None:
+                    recv.need_cts = False
+                    recv.result, target = self._target(message, recv)
+                    message.target = target.data
+                    message.cts_sent, message.received = True, 0
+                    with contextlib.suppress(LinkDown):  # the failure set recv.error
+                        await self._control(
+                            self._peers[message.peer], pack_control(FrameType.CTS, message.msg_id)
+                        )
+                else:
+                    await self._park_recv(comm, recv)
+                waited = True
+        except BaseException:
+            # A REJECT queued by the cancellation (or the failure) goes out now.
+            with trio.CancelScope(shield=True):
+                for peer in self._peers.values():
+                    if peer.outbox:
+                        await self._flush(peer)
+            raise
+        message = recv.message
+        assert message is not None
+        source = self._peers.get(message.peer)
+        if message.payload is None and message.local is None and source is not None:
+            # All of it landed: the receive succeeded, whatever the sender hears.
+            with contextlib.suppress(LinkDown):
+                await self._control(source, pack_control(FrameType.DONE, message.msg_id))
+        elif (source is None or not await self._flush(source)) and not waited:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+
+    async def _park_recv(self, comm: CommState, recv: PostedRecv) -> None:
+        """Wait until something happens to ``recv``. If cancelled: a posted receive is
+        withdrawn; one bound to a message gives it back (REJECTing it if its CTS went)."""
+        if self._spin_seconds and not recv.polled:
+            # Poll first, as a collective's receive does: a peer on another core often
+            # answers within microseconds, and each pass through the scheduler also polls
+            # the sockets, so our reader takes the message at once, where parking would add
+            # the operating system's wake-up of an idle process (one-way latency of 8 B on 2
+            # cores: 122 us parked at once, see bench/p2p.py). The passes are shielded: a
+            # cancellation is taken by the wait below, within spin_seconds, whose abort
+            # knows how to give a message back; here one could be lost.
+            recv.polled = True
+            deadline = time.perf_counter() + self._spin_seconds
+            while time.perf_counter() < deadline:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                if recv.done or recv.error is not None or recv.need_cts:
+                    return
+        recv.task = trio.lowlevel.current_task()
+
+        def abort(_: object) -> trio.lowlevel.Abort:
+            recv.task = None
+            message = recv.message
+            if message is None:
+                comm.unpost(recv)
+            else:
+                recv.message = None
+                message.recv = None
+                if message.cts_sent:
+                    self._reject(self._peers[message.peer], message)
+                self._offer(comm, message)  # back in its place, or to the next receive
+            return trio.lowlevel.Abort.SUCCEEDED
+
+        await trio.lowlevel.wait_task_rescheduled(abort)
+
+
+def _bytes_of(data: np.ndarray) -> memoryview:
+    """The bytes of a C-contiguous array, without a copy."""
+    return data.reshape(-1).view(np.uint8).data

@@ -1,0 +1,510 @@
+"""The engine under :class:`~trioring._p2p.Endpoint`: per-peer and per-communicator state,
+frame writing, matching and failure handling (the readers are in _reading.py). See _endpoint.py for the protocol
+and the guarantees; this module keeps the mechanics."""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING
+
+import numpy as np
+import trio
+
+from .._errors import (
+    CommunicatorClosedError,
+    InvalidArgumentError,
+    PeerFailedError,
+    ProtocolError,
+    TrioringError,
+)
+from .._wire import DTYPE_CODES
+from ._frames import (
+    MAX_NDIM,
+    TAG_BOUND,
+    FrameType,
+    pack_control,
+    pack_credit,
+)
+from ._matching import CommState, Message, PostedRecv, Scope, wake
+from ._peer import Peer
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ..transports import Connection
+
+#: Largest payload sent eagerly: Open MPI's TCP BTL eager limit. Larger messages pay a round
+#: trip (RTS/CTS), which is small next to their transfer time.
+EAGER_BYTES = 64 * 1024
+#: Eager credit per peer and direction: what one peer can make us buffer. 4 MiB holds 64
+#: full eager messages (or 16384 tiny ones), enough that a sender of small messages rarely
+#: waits for a receive to start, at 4 MiB of memory per peer at most.
+WINDOW_BYTES = 4 * 1024 * 1024
+#: DATA frame size: as the collectives use (the Unix transport's 1 MiB send buffer takes a
+#: whole chunk at once), and small enough that concurrent sends to one peer interleave.
+CHUNK_BYTES = 1024 * 1024
+#: Credit charged per message on top of its payload, for the header, shape and the objects
+#: that hold a queued message: 256 bytes, so that a window of empty messages is bounded too.
+MESSAGE_OVERHEAD = 256
+#: Unexpected RTS frames one peer may leave pending with us (about 1 KiB of memory each).
+MAX_PENDING_RTS = 65536
+
+_LOST = "its connection ended: the peer exited, crashed or closed its communicator"
+
+
+class LinkDown(Exception):
+    """A write failed; ``base`` is the peer's recorded failure (or the endpoint's close)."""
+
+    def __init__(self, base: TrioringError) -> None:
+        super().__init__(str(base))
+        self.base = base
+
+
+def checked_array(array: object, what: str, rank: int) -> np.ndarray:
+    if not isinstance(array, np.ndarray):
+        raise InvalidArgumentError(
+            f"rank {rank}: {what}: expected a numpy array, got {type(array).__name__}", rank=rank
+        )
+    if array.dtype not in DTYPE_CODES:
+        raise InvalidArgumentError(
+            f"rank {rank}: {what}: unsupported dtype {array.dtype}", rank=rank
+        )
+    if array.ndim > MAX_NDIM:
+        raise InvalidArgumentError(f"rank {rank}: {what}: {array.ndim} dimensions", rank=rank)
+    return array
+
+
+class Engine:
+    """The state and mechanics of an endpoint (the public calls are in Endpoint)."""
+
+    def __init__(
+        self,
+        *,
+        rank: int,
+        connections: dict[int, Connection],
+        job_id: str | None = None,
+        eager_bytes: int = EAGER_BYTES,
+        window_bytes: int = WINDOW_BYTES,
+        chunk_bytes: int = CHUNK_BYTES,
+    ) -> None:
+        if rank in connections:
+            raise InvalidArgumentError(f"rank {rank}: a connection to itself", rank=rank)
+        if eager_bytes < 0 or window_bytes <= 0 or chunk_bytes <= 0:
+            raise InvalidArgumentError(
+                f"rank {rank}: bad sizes (eager {eager_bytes}, window {window_bytes}, "
+                f"chunk {chunk_bytes})",
+                rank=rank,
+            )
+        self.rank = rank
+        self.job_id = job_id
+        self._eager_bytes = eager_bytes
+        self._window = window_bytes
+        self._chunk = chunk_bytes
+        self._peers = {w: Peer(w, c, window_bytes) for w, c in connections.items()}
+        self._comms: dict[int, CommState] = {}
+        self._unregistered: dict[int, Callable[[str], TrioringError]] = {}
+        #: The world ranks that sent LEFT for a communicator id: they closed it.
+        self._left: dict[int, set[int]] = {}
+        self._arrivals = 0
+        #: Eager bytes this rank sent to itself and nobody received yet (bounded by the window).
+        self._self_buffered = 0
+        self._closed = False
+        self._running = False
+        self._closed_event = trio.Event()
+        #: Called once per world rank whose connection ended or broke the protocol.
+        self.on_peer_lost: Callable[[int, TrioringError], None] | None = None
+
+    # -- errors ----------------------------------------------------------------------------
+
+    def _where(self, scope: Scope | None, what: str, seq: int | None) -> str:
+        rank = self.rank if scope is None else scope.rank
+        where = f"rank {rank}: {what}"
+        if seq is not None:
+            where += f" #{seq}"
+        if scope is not None and scope.label:
+            where += f" on {scope.label}"
+        return where
+
+    def _closed_error(self, scope: Scope | None, what: str) -> CommunicatorClosedError:
+        return CommunicatorClosedError(
+            f"{self._where(scope, what, None)}: the endpoint was closed",
+            rank=self.rank if scope is None else scope.rank,
+            job_id=self.job_id,
+            collective=what.partition("(")[0],
+        )
+
+    def _for_call(
+        self, base: TrioringError, scope: Scope, what: str, seq: int | None, world: int
+    ) -> TrioringError:
+        """The error that the call ``what`` raises because of ``base``, a failure recorded
+        for world rank ``world`` (or the endpoint's close)."""
+        if self._closed or isinstance(base, CommunicatorClosedError):
+            return self._closed_error(scope, what)
+        comm_rank = scope.members.index(world) if world in scope.members else None
+        name = f"peer rank {comm_rank}" if comm_rank is not None else "a peer"
+        if comm_rank != world:
+            name += f" (world rank {world})"
+        cls = ProtocolError if isinstance(base, ProtocolError) else PeerFailedError
+        peer = self._peers.get(world)
+        detail = peer.detail if peer is not None else str(base)
+        error = cls(
+            f"{self._where(scope, what, seq)}: {name}: {detail}",
+            rank=scope.rank,
+            peer=comm_rank,
+            collective=what.partition("(")[0],
+            seq=seq,
+            job_id=self.job_id,
+        )
+        error.__cause__ = base
+        return error
+
+    def _record_failure(self, peer: Peer, cls: type[TrioringError], detail: str) -> TrioringError:
+        """Record that ``peer`` failed (once) and fail everything that waits on it."""
+        if peer.error is not None:
+            return peer.error
+        base = cls(
+            f"rank {self.rank}: peer rank {peer.world}: {detail}",
+            rank=self.rank,
+            peer=peer.world,
+            job_id=self.job_id,
+        )
+        peer.error, peer.detail = base, detail
+        peer.reader_scope.cancel()  # its reader closes the connection
+        for send in list(peer.outbound.values()):
+            send.error = self._for_call(base, send.scope, send.what, send.seq, peer.world)
+            wake(send)
+        # Its rendezvous messages can never complete; its eager ones stay receivable.
+        for message in list(peer.inbound.values()):
+            comm = self._comms.get(message.comm_id)
+            if comm is not None and message.recv is None:
+                comm.remove(message)
+            self._forget(peer, message)
+        for comm in list(self._comms.values()):
+            if comm.scope is None or peer.world not in comm.rank_of:
+                continue
+            for recv in list(comm.recvs):
+                bound = recv.message
+                if bound is not None and bound.peer != peer.world:
+                    continue
+                if bound is None and recv.source not in (None, peer.world):
+                    continue
+                if recv.done or recv.error is not None:
+                    continue
+                if (
+                    bound is None
+                    and recv.source is None
+                    and peer.world in self._left.get(comm.scope.comm_id, ())
+                    and not self._all_gone(comm.scope)
+                ):
+                    continue  # it closed this communicator first: it was never coming
+                if bound is not None:
+                    recv.message = None
+                    bound.recv = None
+                seq = bound.seq if bound is not None else None
+                comm.unpost(recv)
+                recv.error = self._for_call(base, recv.scope, recv.what, seq, peer.world)
+                wake(recv)
+        if self.on_peer_lost is not None:
+            self.on_peer_lost(peer.world, base)
+        return base
+
+    def _all_gone(self, scope: Scope) -> bool:
+        """Whether every other member of ``scope`` closed it or failed: nothing can come."""
+        left = self._left.get(scope.comm_id, set())
+        for world in scope.members:
+            if world == self.rank or world in left:
+                continue
+            peer = self._peers.get(world)
+            if peer is None or peer.error is None:
+                return False
+        return True
+
+    def _left_error(self, scope: Scope, what: str, world: int) -> PeerFailedError:
+        rank = scope.members.index(world)
+        return PeerFailedError(
+            f"{self._where(scope, what, None)}: rank {rank} closed this communicator (or it "
+            "broke there): nothing more comes from it, and it receives nothing more",
+            rank=scope.rank,
+            peer=rank,
+            collective=what.partition("(")[0],
+            job_id=self.job_id,
+        )
+
+    def _protocol_violation(self, peer: Peer, detail: str) -> None:
+        self._record_failure(peer, ProtocolError, detail)
+
+    def _link_down(self, peer: Peer, exc: BaseException) -> LinkDown:
+        if self._closed:
+            return LinkDown(self._closed_error(None, "write"))
+        detail = f"{_LOST} ({exc})" if str(exc) else _LOST
+        return LinkDown(self._record_failure(peer, PeerFailedError, detail))
+
+    # -- writing ---------------------------------------------------------------------------
+
+    async def _write_locked(self, peer: Peer, *buffers: bytes | memoryview) -> None:
+        """Write one frame (with the control frames and credit owed first) while holding
+        ``peer.lock``; shielded, so that no frame is ever cut in half."""
+        extra = peer.outbox
+        peer.outbox = []
+        if peer.owed:
+            extra.append(pack_credit(peer.owed))
+            peer.held -= peer.owed
+            peer.owed = 0
+        if peer.error is not None:
+            raise LinkDown(peer.error)
+        with trio.CancelScope(shield=True):
+            try:
+                await peer.connection.send_all(*extra, *buffers)
+            except (trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                raise self._link_down(peer, exc) from exc
+
+    async def _write(self, peer: Peer, *buffers: bytes | memoryview) -> None:
+        """Write one frame; waiting for the lock may be cancelled (then nothing is sent)."""
+        async with peer.lock:
+            await self._write_locked(peer, *buffers)
+
+    async def _control(self, peer: Peer, *buffers: bytes) -> None:
+        """Write control frames (and whatever the outbox holds), shielded from the start: the
+        lock is held one frame at a time by others, so the wait is short."""
+        with trio.CancelScope(shield=True):
+            async with peer.lock:
+                await self._write_locked(peer, *buffers)
+
+    async def _flush(self, peer: Peer) -> bool:
+        """Write the outbox, and a CREDIT frame if half the window is owed; best effort
+        (False if nothing needed writing)."""
+        if not peer.outbox and peer.owed < max(1, self._window // 2):
+            return False
+        if peer.error is not None:
+            peer.outbox.clear()
+            return False
+        with contextlib.suppress(LinkDown):
+            await self._control(peer)
+        return True
+
+    async def _after_consuming(self, world: int) -> None:
+        """A receive consumed an eager message: give credit back if enough is owed."""
+        peer = self._peers.get(world)
+        if peer is None or not await self._flush(peer):
+            await trio.lowlevel.cancel_shielded_checkpoint()
+
+    # -- arguments -------------------------------------------------------------------------
+
+    def _comm(self, scope: Scope, what: str) -> CommState:
+        if self._closed:
+            raise self._closed_error(scope, what)
+        error = self._unregistered.get(scope.comm_id)
+        if error is not None:
+            raise error(what)
+        comm = self._comms.get(scope.comm_id)
+        if comm is None or comm.scope is None:
+            raise InvalidArgumentError(
+                f"{self._where(scope, what, None)}: comm id {scope.comm_id:#x} is not registered",
+                rank=scope.rank,
+            )
+        if comm.scope is not scope and comm.scope != scope:
+            raise InvalidArgumentError(
+                f"{self._where(scope, what, None)}: scope {scope} is not the registered one",
+                rank=scope.rank,
+            )
+        return comm
+
+    def _check_tag(self, scope: Scope, what: str, tag: object) -> None:
+        if not isinstance(tag, int) or not 0 <= tag < TAG_BOUND:
+            raise InvalidArgumentError(
+                f"{self._where(scope, what, None)}: tag must be 0 <= tag < 2**31",
+                rank=scope.rank,
+            )
+
+    def _check_rank(self, scope: Scope, what: str, rank: object) -> int:
+        if not isinstance(rank, int) or not 0 <= rank < len(scope.members):
+            raise InvalidArgumentError(
+                f"{self._where(scope, what, None)}: rank out of range "
+                f"(the communicator has {len(scope.members)} ranks)",
+                rank=scope.rank,
+            )
+        return scope.members[rank]
+
+    # -- failing many calls at once --------------------------------------------------------
+
+    def _fail_comm(self, comm: CommState, error: Callable[[str], TrioringError]) -> None:
+        for recv in list(comm.recvs):
+            if recv.done or recv.error is not None:
+                continue
+            message = recv.message
+            if message is not None:
+                recv.message = None
+                message.recv = None
+                self._drop(message)
+            comm.unpost(recv)
+            recv.error = error(recv.what)
+            wake(recv)
+        for send in list(comm.sends):
+            if not send.done and send.error is None:
+                send.error = error(send.what)
+                wake(send)
+        for message in comm.clear_queued():
+            self._drop(message)
+
+    def _drop(self, message: Message) -> None:
+        """Forget ``message`` (its communicator is gone): give its credit back; a rendezvous
+        message whose CTS went out is rejected and forgotten on the sender's RESTART."""
+        if message.payload is not None:
+            self._consumed(message)
+        elif message.self_send is not None:
+            message.self_send.error = message.self_send.error or self._closed_error(
+                message.self_send.scope, message.self_send.what
+            )
+            wake(message.self_send)
+        elif message.peer in self._peers:
+            peer = self._peers[message.peer]
+            if message.cts_sent and peer.error is None:
+                self._reject(peer, message)
+                message.dropped = True
+            else:
+                self._forget(peer, message)
+
+    def _forget(self, peer: Peer, message: Message) -> None:
+        peer.inbound.pop(message.msg_id, None)
+        message.dropped = True
+        message.target = None
+
+    def _reject(self, peer: Peer, message: Message) -> None:
+        """The receive of ``message`` ends before all of it landed: REJECT it (queued; the
+        task that ends the receive writes it)."""
+        message.rejected = True
+        message.cts_sent = False
+        message.target = None
+        message.received = 0
+        peer.outbox.append(pack_control(FrameType.REJECT, message.msg_id))
+
+    def _consumed(self, message: Message) -> None:
+        """An eager message left the queue (received or dropped): its credit is owed back."""
+        if message.peer == self.rank:
+            self._self_buffered -= message.cost
+            return
+        peer = self._peers[message.peer]
+        peer.buffered -= message.cost
+        if peer.error is None:
+            peer.owed += message.cost
+
+    # -- matching --------------------------------------------------------------------------
+
+    def _mismatch(self, message: Message, recv: PostedRecv) -> InvalidArgumentError | None:
+        """Why ``message`` cannot land in ``recv`` (it then stays queued); None if it can."""
+        problem = None
+        if message.kind != recv.kind:
+            problem = (
+                f"a receive of kind {recv.kind.name.lower()} matched a message of kind "
+                f"{message.kind.name.lower()}"
+            )
+        elif recv.out is not None and recv.out.dtype != message.dtype:
+            problem = f"out is {recv.out.dtype}, the message is {message.dtype}"
+        elif recv.out is not None and message.nbytes > recv.out.nbytes:
+            problem = (
+                f"the message of shape {message.shape} does not fit out of shape "
+                f"{recv.out.shape} (truncation)"
+            )
+        if problem is None:
+            return None
+        source = recv.scope.members.index(message.peer)
+        return InvalidArgumentError(
+            f"{self._where(recv.scope, recv.what, message.seq)}: {problem} from rank {source}; "
+            "the message stays queued",
+            rank=recv.scope.rank,
+            peer=source,
+            collective=recv.what.partition("(")[0],
+            seq=message.seq,
+            job_id=self.job_id,
+        )
+
+    @staticmethod
+    def _target(message: Message, recv: PostedRecv) -> tuple[np.ndarray, np.ndarray]:
+        """The result array of ``recv`` for ``message``, and its bytes (flat uint8)."""
+        out = recv.out
+        if out is None:
+            result = np.empty(message.shape, message.dtype)
+            return result, result.reshape(-1).view(np.uint8)
+        flat = out.reshape(-1)[: message.nbytes // max(1, message.dtype.itemsize)]
+        result = out if out.shape == message.shape else flat.reshape(message.shape)
+        return result, flat.view(np.uint8)
+
+    def _bind(self, comm: CommState, message: Message, recv: PostedRecv) -> None:
+        """``recv`` takes ``message`` (checked already; out of every queue)."""
+        recv.message = message
+        if message.payload is not None:
+            self._consumed(message)
+            if recv.out is None:
+                recv.result = message.payload
+            else:
+                recv.result, target = self._target(message, recv)
+                target[:] = message.payload.reshape(-1).view(np.uint8)
+            recv.done = True
+            comm.recvs.discard(recv)
+        elif message.local is not None:
+            recv.result, target = self._target(message, recv)
+            target[:] = message.local
+            recv.done = True
+            comm.recvs.discard(recv)
+            assert message.self_send is not None
+            message.self_send.done = True
+            wake(message.self_send)
+        else:
+            message.recv = recv
+            recv.need_cts = not message.rejected
+        wake(recv)
+
+    def _offer(self, comm: CommState, message: Message) -> None:
+        """Give ``message`` (new, or put back) to the earliest posted receive that can take
+        it; receives it does not fit raise; else queue it."""
+        for recv in comm.posted_for(message):
+            comm.unpost(recv)
+            error = self._mismatch(message, recv)
+            if error is None:
+                self._bind(comm, message, recv)
+                return
+            comm.recvs.discard(recv)
+            recv.error = error
+            wake(recv)
+        comm.insert(message)
+
+    def _rematch(self, comm: CommState, recv: PostedRecv) -> None:
+        """``recv`` lost its message (withdrawn): match it again, or post it in its place."""
+        message = comm.find(recv.source, recv.tag)
+        if message is None:
+            comm.post(recv)
+            return
+        error = self._mismatch(message, recv)
+        if error is not None:
+            comm.recvs.discard(recv)
+            recv.error = error
+            wake(recv)
+            return
+        comm.remove(message)
+        self._bind(comm, message, recv)
+
+    def _arrive(self, message: Message) -> None:
+        """A new message: adopt it into its communicator (made on the fly if unknown)."""
+        if message.payload is not None:  # counted until received or dropped (_consumed)
+            if message.peer == self.rank:
+                self._self_buffered += message.cost
+            else:
+                self._peers[message.peer].buffered += message.cost
+        comm = self._comms.get(message.comm_id)
+        if comm is None:
+            if message.comm_id in self._unregistered:
+                self._drop(message)
+                return
+            comm = self._comms[message.comm_id] = CommState(None)
+        elif comm.scope is not None and message.peer not in comm.rank_of:
+            self._drop(message)
+            raise ProtocolError(
+                f"a message on comm id {message.comm_id:#x}, of which it is no member"
+            )
+        self._arrivals += 1
+        message.arrival = self._arrivals
+        message.seq = comm.seq_in(message.peer)
+        if comm.scope is None:
+            comm.insert(message)
+        else:
+            self._offer(comm, message)

@@ -1,0 +1,116 @@
+"""One peer as the endpoint sees it: its connection, write lock, credit and the messages in
+flight both ways; and the buffered reader of its frames."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, final
+
+import trio
+
+if TYPE_CHECKING:
+    from .._errors import TrioringError
+    from ..transports import Connection
+    from ._matching import Message, SendWait
+
+#: What the reader asks the connection for at once: a header and a small payload usually
+#: arrive in one read. Larger payloads land straight in their target (see read_into).
+_READ_BYTES = 64 * 1024
+
+
+@final
+class Peer:
+    """The state shared by the tasks that talk to one peer (world rank ``world``)."""
+
+    def __init__(self, world: int, connection: Connection, window: int) -> None:
+        self.world = world
+        self.connection = connection
+        #: One frame at a time on the connection; FIFO, so that concurrent sends' chunks
+        #: interleave fairly.
+        self.lock = trio.StrictFIFOLock()
+        #: Eager credit we hold: bytes (payload + overhead) we may still send eagerly.
+        self.credit = window
+        #: Eager bytes received from the peer and not yet credited back; never above the
+        #: window (a peer that overruns it is broken).
+        self.held = 0
+        #: Of those, the bytes of messages still queued (nobody received them yet).
+        self.buffered = 0
+        #: Consumed and to be given back with the next frame we write, or in a CREDIT frame
+        #: once half the window is owed.
+        self.owed = 0
+        #: Control frames queued by synchronous code (a cancelled call's REJECT, say); the
+        #: next task that writes sends them first, and the queuer writes them itself if it
+        #: can.
+        self.outbox: list[bytes] = []
+        self.next_msg_id = 1
+        #: Our rendezvous sends to the peer, by message id.
+        self.outbound: dict[int, SendWait] = {}
+        #: The peer's rendezvous messages to us that are not complete, by message id.
+        self.inbound: dict[int, Message] = {}
+        #: Set once the connection ended or the peer broke the protocol; every later call
+        #: involving the peer raises this (rewritten for the call).
+        self.error: TrioringError | None = None
+        #: What happened, for the messages of the calls it fails.
+        self.detail = ""
+        #: The reader's cancel scope: cancelled to stop reading a peer that broke the rules.
+        self.reader_scope = trio.CancelScope()
+
+    def take_id(self) -> int:
+        msg_id = self.next_msg_id
+        self.next_msg_id += 1
+        return msg_id
+
+
+@final
+class FrameReader:
+    """Reads one connection: whole frame parts on demand, payloads straight into targets.
+
+    Never reads past what it is asked for by more than its buffer, so that bytes of a large
+    DATA payload go to their target with one copy (kernel to user)."""
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self._buffer = bytearray(_READ_BYTES)
+        self._view = memoryview(self._buffer)
+        self._start = 0
+        self._end = 0
+
+    async def _receive(self, into: memoryview) -> int:
+        got = await self._connection.recv_into(into)
+        if not got:
+            raise EOFError
+        return got
+
+    async def read(self, nbytes: int) -> memoryview:
+        """The next ``nbytes`` (at most the buffer's size); valid until the next read."""
+        if self._end - self._start < nbytes:
+            if self._start + nbytes > len(self._buffer):
+                have = self._end - self._start
+                self._view[:have] = self._view[self._start : self._end]
+                self._start, self._end = 0, have
+            while self._end - self._start < nbytes:
+                self._end += await self._receive(self._view[self._end :])
+        view = self._view[self._start : self._start + nbytes]
+        self._start += nbytes
+        if self._start == self._end:
+            self._start = self._end = 0
+        return view
+
+    async def read_into(self, target: memoryview) -> None:
+        """Fill ``target`` with the next bytes: first what is buffered, then straight from
+        the connection."""
+        have = min(self._end - self._start, target.nbytes)
+        if have:
+            target[:have] = self._view[self._start : self._start + have]
+            self._start += have
+            if self._start == self._end:
+                self._start = self._end = 0
+        position = have
+        while position < target.nbytes:
+            position += await self._receive(target[position:])
+
+    async def skip(self, nbytes: int) -> None:
+        """Read and discard ``nbytes``."""
+        while nbytes:
+            step = min(nbytes, len(self._buffer))
+            await self.read(step)
+            nbytes -= step

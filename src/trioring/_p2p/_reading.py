@@ -1,0 +1,217 @@
+"""The readers of the point-to-point plane (one task per peer connection) and what they
+do with each frame: messages arriving, answers to our sends, DATA straight into its target,
+and the LEFT of a peer that closed a communicator. Readers never write: the frames that
+answer them go out from the tasks they wake (see :class:`~trioring._p2p._engine.Engine`)."""
+
+from __future__ import annotations
+
+import numpy as np
+import trio
+
+from .._errors import PeerFailedError, ProtocolError
+from ._engine import _LOST, MAX_PENDING_RTS, MESSAGE_OVERHEAD, Engine
+from ._frames import (
+    DIM,
+    HEADER,
+    Frame,
+    FrameType,
+    MessageKind,
+    decode_header,
+    decode_shape,
+    pack_left,
+)
+from ._matching import Message, wake
+from ._peer import FrameReader, Peer
+
+__all__ = ["Reading"]
+
+
+class Reading(Engine):
+    """The reading half of the engine."""
+
+    # -- reading ---------------------------------------------------------------------------
+
+    async def _read_peer(self, peer: Peer) -> None:
+        """Read ``peer``'s frames until its connection ends, it breaks the protocol, or the
+        endpoint closes; then close the connection. Never writes, never raises for the peer."""
+        reader = FrameReader(peer.connection)
+        try:
+            with peer.reader_scope:
+                while True:
+                    frame = decode_header(await reader.read(HEADER.size))
+                    await self._dispatch(peer, reader, frame)
+        except EOFError:
+            self._record_failure(peer, PeerFailedError, _LOST)
+        except trio.BrokenResourceError as exc:
+            self._record_failure(peer, PeerFailedError, f"{_LOST} ({exc})" if str(exc) else _LOST)
+        except trio.ClosedResourceError:
+            if not self._closed:
+                self._record_failure(peer, PeerFailedError, _LOST)
+        except ProtocolError as exc:
+            self._record_failure(peer, ProtocolError, f"it broke the protocol: {exc}")
+        finally:
+            with trio.CancelScope(shield=True):
+                await trio.aclose_forcefully(peer.connection)
+
+    async def _dispatch(self, peer: Peer, reader: FrameReader, frame: Frame) -> None:
+        ftype = frame.type
+        if ftype is FrameType.EAGER or ftype is FrameType.RTS:
+            shape = decode_shape(await reader.read(DIM.size * frame.ndim), frame)
+            kind = MessageKind(frame.kind)
+            if ftype is FrameType.EAGER:
+                cost = frame.nbytes + MESSAGE_OVERHEAD
+                if peer.held + cost > self._window:
+                    raise ProtocolError(
+                        f"an eager message of {frame.nbytes} bytes overran its credit"
+                    )
+                payload = np.empty(shape, frame.dtype)
+                if frame.nbytes:
+                    await reader.read_into(payload.reshape(-1).view(np.uint8).data)
+                peer.held += cost
+            elif len(peer.inbound) >= MAX_PENDING_RTS:
+                raise ProtocolError(f"more than {MAX_PENDING_RTS} pending RTS")
+            elif frame.msg_id in peer.inbound:
+                raise ProtocolError(f"a second RTS for message id {frame.msg_id}")
+            message = Message(
+                peer=peer.world,
+                comm_id=frame.comm_id,
+                tag=frame.tag,
+                kind=kind,
+                dtype=frame.dtype,
+                shape=shape,
+                nbytes=frame.nbytes,
+                msg_id=frame.msg_id,
+            )
+            if ftype is FrameType.EAGER:
+                message.payload, message.cost = payload, cost
+            else:
+                peer.inbound[frame.msg_id] = message
+            self._arrive(message)
+        elif ftype is FrameType.DATA:
+            await self._data(peer, reader, frame)
+        elif ftype is FrameType.CREDIT:
+            peer.credit += frame.count
+            if peer.credit > self._window:
+                raise ProtocolError(f"credit beyond the window ({peer.credit} bytes)")
+        elif ftype in (FrameType.CTS, FrameType.DONE, FrameType.REJECT):
+            self._answer(peer, frame)
+        elif ftype is FrameType.RESTART:
+            restarted = peer.inbound.get(frame.msg_id)
+            if restarted is None or not restarted.rejected:
+                raise ProtocolError(f"RESTART of message id {frame.msg_id}, never rejected")
+            restarted.rejected = False
+            if restarted.dropped:
+                peer.inbound.pop(frame.msg_id)
+            elif restarted.recv is not None:
+                restarted.recv.need_cts = True
+                wake(restarted.recv)
+        elif ftype is FrameType.LEFT:
+            self._peer_left(peer, frame.comm_id)
+        else:
+            assert ftype is FrameType.WITHDRAW
+            self._withdrawn(peer, frame.msg_id)
+
+    def _peer_left(self, peer: Peer, comm_id: int) -> None:
+        """LEFT from ``peer``: its calls on the communicator are over. Every message it sent
+        on it came before this frame, so a receive still waiting for it never gets one."""
+        self._left.setdefault(comm_id, set()).add(peer.world)
+        comm = self._comms.get(comm_id)
+        if comm is None or comm.scope is None:
+            return
+        scope = comm.scope
+        gone = self._all_gone(scope)
+        for recv in list(comm.recvs):
+            if recv.done or recv.error is not None:
+                continue
+            bound = recv.message
+            if bound is not None:
+                if bound.peer != peer.world:
+                    continue
+                recv.message = None
+                bound.recv = None
+                self._forget(peer, bound)
+            elif recv.source != peer.world and not (recv.source is None and gone):
+                continue
+            comm.unpost(recv)
+            recv.error = self._left_error(scope, recv.what, peer.world)
+            wake(recv)
+        for send in list(comm.sends):
+            if send.peer == peer.world and not send.done and send.error is None:
+                send.error = self._left_error(scope, send.what, peer.world)
+                wake(send)
+
+    def queue_left(self, comm_id: int, members: tuple[int, ...]) -> list[Peer]:
+        """Queue LEFT for ``comm_id`` to every live peer among ``members``; the peers whose
+        outbox must be written."""
+        peers = []
+        for world in members:
+            peer = self._peers.get(world)
+            if peer is not None and peer.error is None:
+                peer.outbox.append(pack_left(comm_id))
+                peers.append(peer)
+        return peers
+
+    def _withdrawn(self, peer: Peer, msg_id: int) -> None:
+        message = peer.inbound.pop(msg_id, None)
+        if message is None:
+            return  # dropped here already (its communicator is gone)
+        message.dropped = True
+        message.target = None
+        comm = self._comms.get(message.comm_id)
+        recv = message.recv
+        if recv is not None:
+            # The receive that had matched it waits again, in its place among the posted.
+            message.recv = None
+            recv.message = None
+            recv.need_cts = False
+            if comm is not None and comm.scope is not None:
+                self._rematch(comm, recv)
+        elif comm is not None:
+            comm.remove(message)
+
+    def _answer(self, peer: Peer, frame: Frame) -> None:
+        """A CTS, DONE or REJECT for one of our rendezvous sends."""
+        send = peer.outbound.get(frame.msg_id)
+        if send is None:
+            if frame.msg_id < peer.next_msg_id:
+                return  # about a send that gave up: it crossed our WITHDRAW
+            raise ProtocolError(f"{frame.type.name} for message id {frame.msg_id}, never sent")
+        if frame.type is FrameType.CTS:
+            if send.cts:
+                raise ProtocolError(f"a second CTS for message id {frame.msg_id}")
+            send.cts = True
+        elif not send.cts:
+            raise ProtocolError(f"{frame.type.name} for message id {frame.msg_id} before its CTS")
+        elif frame.type is FrameType.DONE:
+            send.done = True
+        else:
+            send.rejected = True
+        wake(send)
+
+    async def _data(self, peer: Peer, reader: FrameReader, frame: Frame) -> None:
+        message = peer.inbound.get(frame.msg_id)
+        if message is None:
+            raise ProtocolError(f"DATA for message id {frame.msg_id}, which it never announced")
+        if message.rejected or message.dropped:
+            await reader.skip(frame.count)  # sent before it saw our REJECT: discarded
+            return
+        target = message.target
+        if not message.cts_sent or target is None:
+            raise ProtocolError(f"DATA for message id {frame.msg_id} before its CTS")
+        if frame.nbytes != message.nbytes or frame.offset != message.received:
+            raise ProtocolError(
+                f"DATA at {frame.offset} of {frame.nbytes} bytes for message id {frame.msg_id}, "
+                f"expected at {message.received} of {message.nbytes}"
+            )
+        if frame.count:
+            await reader.read_into(target[frame.offset : frame.offset + frame.count])
+        if message.target is not target:
+            return  # the receive ended meanwhile (cancelled): these bytes do not count
+        message.received += frame.count
+        if message.received == message.nbytes:
+            peer.inbound.pop(frame.msg_id)
+            recv = message.recv
+            assert recv is not None
+            message.recv = None
+            recv.done = True
+            wake(recv)

@@ -1,0 +1,66 @@
+"""Point-to-point messages and sub-communicators in real processes (``trioring run``): issue
+16's code as a user writes it, over Unix sockets and TCP; a rank SIGKILLed during a large send
+and a pending receive; a killed rank breaks the world and every sub-communicator that contains
+it, on every survivor, and no other."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from launched import run_killed, run_reports
+
+WORKER = Path(__file__).parent / "workers" / "groups_worker.py"
+
+
+@pytest.mark.parametrize(("transport", "n"), [("unix", 4), ("unix", 3), ("tcp", 3)])
+def test_issue_snippet(tmp_path: Path, transport: str, n: int) -> None:
+    reports = run_reports(WORKER, ["snippet", str(tmp_path)], tmp_path, n, transport=transport)
+    assert reports[1]["a"] == np.arange(10.0).tolist()
+    assert reports[1]["a_dtype"] == "float64"
+    assert reports[1]["buf"] == (np.arange(10.0) * 2).tolist()
+    total = float(sum(range(n)))
+    for r, report in enumerate(reports):
+        left = (r - 1) % n
+        assert report["halo"] == [float(left)] * 5
+        assert report["any"] == [left, [left * 100]]
+        members = [p for p in range(n) if p % 2 == r % 2]
+        assert report["half"] == [members.index(r), len(members), [float(sum(members))] * 5]
+        assert report["big"] == [total, total]
+        assert report["small"] == [[p, 10 * p] for p in range(n)]
+        assert report["cfg"] == {"lr": 0.1, "layers": [64, 64], "name": "run-7"}
+        assert report["stats"] == [[p, 0.5, [0.0] * 4] for p in range(n)]
+        assert report["rows"] == ([["ok", p] for p in range(n)] if r == 0 else None)
+        assert report["obj"] == {"step": 3, "from": left}
+        if transport == "unix" and len(members) > 1:
+            # The one-host paths keep working in a sub-communicator whose ranks all qualify.
+            assert set(report["half_features"]) == set(report["features"]), report
+
+
+def test_killed_during_large_send_and_pending_recv(tmp_path: Path) -> None:
+    victim = 2
+    survivors = run_killed(WORKER, ["kill-p2p", str(tmp_path), str(victim)], tmp_path, victim, n=3)
+    for rank, report in survivors.items():
+        assert report["error"] == "PeerFailedError", (rank, report)
+        assert report["peer"] == victim, report
+        assert f"rank {victim}" in report["message"], report
+        assert report["elapsed"] < 10.0, report
+
+
+def test_killed_rank_breaks_every_communicator_that_contains_it(tmp_path: Path) -> None:
+    victim = 3
+    survivors = run_killed(
+        WORKER, ["kill-groups", str(tmp_path), str(victim)], tmp_path, victim, n=4
+    )
+    for rank, report in survivors.items():
+        for name in ("world", "dup"):
+            assert report[name]["error"] is not None, (rank, name, report)
+            assert report[name]["elapsed"] < 10.0, report
+        if rank % 2 == victim % 2:
+            assert report["half"]["error"] is not None, (rank, report)
+            # The half's ranks: the victim is rank 1 of the odd half.
+            assert report["half"]["peer"] in (1, None), report
+        else:
+            assert report["half"]["error"] is None, (rank, report)

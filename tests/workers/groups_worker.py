@@ -1,0 +1,166 @@
+"""One rank of tests/test_p2p_processes.py (point-to-point and sub-communicators in real
+processes).
+
+``trioring run -n N --transport T groups_worker.py MODE OUT_DIR [ARGS]``. Modes:
+
+- ``snippet``: issue 16's code as a user writes it (point-to-point, split, dup with two
+  concurrent collectives, the object calls), with the sends its receives need; the report
+  (``rank{RANK}.json``) has every result, checked by the test against numpy.
+- ``kill-p2p VICTIM``: rank 0 sends 64 MiB to VICTIM, which posts the matching receive and
+  SIGKILLs itself once the first bytes landed; rank 1 (if not the victim) waits in a receive
+  from VICTIM. Survivors report what they raised.
+- ``kill-groups VICTIM``: the world splits by parity and dups; VICTIM SIGKILLs itself once
+  all are made; every survivor runs a barrier on the world, the dup and its half, and
+  reports each outcome.
+
+Survivors of the kill modes ignore SIGTERM, so that the launcher's teardown after the
+victim's death does not race their report.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import trio
+
+import trioring
+
+
+def outcome(exc: BaseException | None, started: float) -> dict[str, Any]:
+    if exc is None:
+        return {"error": None, "elapsed": time.monotonic() - started}
+    return {
+        "error": type(exc).__name__,
+        "peer": getattr(exc, "peer", None),
+        "message": str(exc),
+        "elapsed": time.monotonic() - started,
+    }
+
+
+async def snippet(comm: trioring.Communicator, report: dict[str, Any]) -> None:
+    n, r = comm.world_size, comm.rank
+    x = np.full(5, float(r))
+    big = np.full(300_000, float(r))
+    small = np.array([r, 10 * r])
+    buf = np.empty(10)
+    # point-to-point: non-overtaking per (source, tag); dtype and shape travel in the header
+    if r == 0:
+        await comm.send(np.arange(10.0), dest=1, tag=7)
+        await comm.send(np.arange(10.0) * 2, dest=1, tag=8)
+    elif r == 1:
+        a = await comm.recv(source=0, tag=7)  # new array, float64[10]
+        await comm.recv(source=0, tag=8, out=buf)  # or into a buffer (dtype/count checked)
+        report["a"] = a.tolist()
+        report["a_dtype"] = str(a.dtype)
+        report["buf"] = buf.tolist()
+    right, left = (r + 1) % n, (r - 1) % n
+    halo = await comm.sendrecv(x, dest=right, source=left)  # both directions at once
+    report["halo"] = halo.tolist()
+    await comm.send(np.array([r * 100]), dest=right, tag=3)
+    src, msg = await comm.recv_any(tag=3)  # from whichever rank sends first
+    report["any"] = [src, msg.tolist()]
+
+    # sub-communicators: collective over comm, no new rendezvous, no new port
+    async with comm.split(color=r % 2, key=r) as half:
+        assert half is not None
+        await half.allreduce(x)
+        report["half"] = [half.rank, half.world_size, x.tolist()]
+        report["half_features"] = sorted(half.features)
+    async with comm.dup() as side:
+        async with trio.open_nursery() as nursery:  # two collectives at once, from two tasks
+            nursery.start_soon(comm.allreduce, big)
+            gathered: list[Any] = []
+
+            async def gather_small() -> None:
+                gathered.append(await side.allgather(small))
+
+            nursery.start_soon(gather_small)
+        report["big"] = [float(big.min()), float(big.max())]
+        report["small"] = gathered[0].tolist()
+
+    # objects: a safe codec, never pickle
+    cfg = await comm.broadcast_object(
+        {"lr": 0.1, "layers": [64, 64], "name": "run-7"} if r == 0 else None, root=0
+    )
+    stats = await comm.allgather_object({"rank": r, "loss": 0.5, "hist": np.zeros(4)})
+    rows = await comm.gather_object(("ok", r), root=0)
+    await comm.send_object({"step": 3, "from": r}, dest=right)
+    obj = await comm.recv_object(source=left)
+    report["cfg"] = cfg
+    report["stats"] = [[s["rank"], s["loss"], s["hist"].tolist()] for s in stats]
+    report["rows"] = None if rows is None else [list(row) for row in rows]
+    report["obj"] = obj
+    report["features"] = sorted(comm.features)
+
+
+async def kill_p2p(comm: trioring.Communicator, victim: int, report: dict[str, Any]) -> None:
+    r = comm.rank
+    await comm.barrier()
+    started = time.monotonic()
+    if r == victim:
+        target = np.zeros(8 * 1024 * 1024)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: comm.recv(source=0, tag=1, out=target))
+            # Until the first bytes landed: the sender is then in the middle of its send.
+            while target[0] != 1.0:  # noqa: ASYNC110 - polling our own buffer
+                await trio.sleep(0.001)
+            os.kill(os.getpid(), signal.SIGKILL)
+    try:
+        if r == 0:
+            await comm.send(np.ones(8 * 1024 * 1024), dest=victim, tag=1)
+        elif r == 1:
+            await comm.recv(source=victim, tag=2)
+        else:
+            return
+    except trioring.TrioringError as exc:
+        report.update(outcome(exc, started))
+    else:
+        report.update(outcome(None, started))
+
+
+async def kill_groups(comm: trioring.Communicator, victim: int, report: dict[str, Any]) -> None:
+    r = comm.rank
+    async with comm.split(color=r % 2) as half, comm.dup() as side:
+        assert half is not None
+        assert side is not None
+        await comm.barrier()
+        if r == victim:
+            os.kill(os.getpid(), signal.SIGKILL)
+        for name, sub in (("world", comm), ("dup", side), ("half", half)):
+            started = time.monotonic()
+            try:
+                await sub.barrier()
+            except trioring.TrioringError as exc:
+                report[name] = outcome(exc, started)
+            else:
+                report[name] = outcome(None, started)
+
+
+async def main(mode: str, out_dir: Path, args: list[str]) -> int:
+    report: dict[str, Any] = {}
+    if mode.startswith("kill"):
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    with trio.fail_after(60):
+        async with trioring.open_communicator() as comm:
+            rank = comm.rank
+            if mode == "snippet":
+                await snippet(comm, report)
+            elif mode == "kill-p2p":
+                await kill_p2p(comm, int(args[0]), report)
+            elif mode == "kill-groups":
+                await kill_groups(comm, int(args[0]), report)
+            else:
+                raise SystemExit(f"unknown mode {mode!r}")
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(trio.run(main, sys.argv[1], Path(sys.argv[2]), sys.argv[3:]))
