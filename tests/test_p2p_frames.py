@@ -106,3 +106,13 @@ def test_fuzz_decoder() -> None:
             with contextlib.suppress(ProtocolError):
                 decode_shape(rng.randbytes(DIM.size * frame.ndim), frame)
     assert valid > 1000  # the mutations leave many headers valid: the test reaches deep
+
+
+def test_left_round_trip_and_stray_fields() -> None:
+    from trioring._p2p._frames import HEADER, MAGIC, VERSION, FrameType, decode_header, pack_left
+
+    frame = decode_header(pack_left(2**64 - 1))
+    assert (frame.type, frame.comm_id, frame.msg_id) == (FrameType.LEFT, 2**64 - 1, 0)
+    stray = HEADER.pack(MAGIC, VERSION, FrameType.LEFT, 0, 0, 0, 0, 5, 9, 0, 0, 0)
+    with pytest.raises(ProtocolError, match="LEFT"):
+        decode_header(stray)

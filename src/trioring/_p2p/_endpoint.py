@@ -77,7 +77,11 @@ if TYPE_CHECKING:
     from ..transports import Connection
     from ._peer import Peer
 
-__all__ = ["Endpoint"]
+__all__ = ["LEAVE_NOTICE_SECONDS", "Endpoint"]
+
+#: How long :meth:`Endpoint.leave` waits for a connection that another task is writing on,
+#: as a breaking communicator gives its abort notices (``_core._ABORT_NOTICE_SECONDS``).
+LEAVE_NOTICE_SECONDS = 0.25
 
 
 @final
@@ -187,14 +191,20 @@ class Endpoint(Reading):
     async def leave(self, comm_id: int, error: Callable[[str], TrioringError]) -> None:
         """:meth:`unregister`, then tell the other members (LEFT), so that their calls that
         wait for this rank on the communicator raise instead of waiting for ever. Best
-        effort and shielded: a peer that is gone is skipped. Idempotent."""
+        effort and shielded: a peer that is gone is skipped, and one whose connection is
+        busy with another task's frame for longer than ``LEAVE_NOTICE_SECONDS`` (say, a
+        stopped peer that reads nothing) gets its LEFT with our next frame to it, or the
+        end of the connection. Idempotent."""
         comm = self._comms.get(comm_id)
         self.unregister(comm_id, error)
         if comm is None or comm.scope is None or self._closed:
             return
         with trio.CancelScope(shield=True):
             for peer in self.queue_left(comm_id, comm.scope.members):
-                await self._flush(peer)
+                with trio.move_on_after(LEAVE_NOTICE_SECONDS):
+                    async with peer.lock:  # the wait for it is what the deadline bounds
+                        with contextlib.suppress(LinkDown):
+                            await self._write_locked(peer)
 
     def unregister(self, comm_id: int, error: Callable[[str], TrioringError]) -> None:
         """The communicator is closed or broken: its pending calls raise ``error(what)``
