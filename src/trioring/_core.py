@@ -389,7 +389,8 @@ class CommunicatorCore:
                             )
             await self._close_connections()
         if self._state is State.BROKEN:
-            await self._family.endpoint.leave(self._scope.comm_id, self._broken_error)
+            # Told to the peers' point-to-point calls when it closes (see leave_later).
+            self._family.endpoint.leave_later(self._scope.comm_id, self._broken_error)
 
     async def _close_connections(self) -> None:
         if self._world.shm is not None:

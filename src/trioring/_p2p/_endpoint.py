@@ -195,7 +195,7 @@ class Endpoint(Reading):
         busy with another task's frame for longer than ``LEAVE_NOTICE_SECONDS`` (say, a
         stopped peer that reads nothing) gets its LEFT with our next frame to it, or the
         end of the connection. Idempotent."""
-        comm = self._comms.get(comm_id)
+        comm = self._comms.get(comm_id) or self._left_behind.pop(comm_id, None)
         self.unregister(comm_id, error)
         if comm is None or comm.scope is None or self._closed:
             return
@@ -205,6 +205,19 @@ class Endpoint(Reading):
                     async with peer.lock:  # the wait for it is what the deadline bounds
                         with contextlib.suppress(LinkDown):
                             await self._write_locked(peer)
+
+    def leave_later(self, comm_id: int, error: Callable[[str], TrioringError]) -> None:
+        """:meth:`unregister`, and queue the LEFT frames without writing them: they go out
+        with the next frame to each peer, or at :meth:`leave` when the communicator closes.
+        For a communicator that breaks: its abort frames and their relays are racing
+        through the world then, and writing LEFT at once made the ranks of a mismatch name
+        an echo (a lost connection) instead of the mismatch in 5 of 324 in-process worlds of
+        7 to 9 ranks, against none of 648 with the frames queued."""
+        comm = self._comms.get(comm_id)
+        self.unregister(comm_id, error)
+        if comm is not None and comm.scope is not None and not self._closed:
+            self.queue_left(comm_id, comm.scope.members)
+            self._left_behind[comm_id] = comm
 
     def unregister(self, comm_id: int, error: Callable[[str], TrioringError]) -> None:
         """The communicator is closed or broken: its pending calls raise ``error(what)``

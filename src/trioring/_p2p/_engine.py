@@ -105,6 +105,8 @@ class Engine:
         self._unregistered: dict[int, Callable[[str], TrioringError]] = {}
         #: The world ranks that sent LEFT for a communicator id: they closed it.
         self._left: dict[int, set[int]] = {}
+        #: Communicators that broke here, whose LEFT frames are queued, not yet written.
+        self._left_behind: dict[int, CommState] = {}
         self._arrivals = 0
         #: Eager bytes this rank sent to itself and nobody received yet (bounded by the window).
         self._self_buffered = 0

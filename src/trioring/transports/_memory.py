@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 
 __all__ = ["MemoryTransport", "StreamConnection"]
 
+#: Buffers of one send_all up to this size in all are joined into one send (see send_all).
+_JOIN_BYTES = 64 * 1024
+
 
 @final
 class StreamConnection(Connection):
@@ -25,13 +28,20 @@ class StreamConnection(Connection):
         self._stream = stream
 
     async def send_all(self, *buffers: BytesLike) -> None:
-        if not any(memoryview(b).nbytes for b in buffers):
+        views = [memoryview(b).cast("B") for b in buffers]
+        views = [view for view in views if view.nbytes]
+        if not views:
             await trio.lowlevel.checkpoint()
             return
-        for buffer in buffers:
-            view = memoryview(buffer).cast("B")
-            if view.nbytes:
-                await self._stream.send_all(view)
+        if len(views) > 1 and sum(view.nbytes for view in views) <= _JOIN_BYTES:
+            # One send, as a socket's sendmsg does with a small frame: a cancellation then
+            # leaves all of it or none of it sent, never a header without its payload. (Sent
+            # piece by piece, a cancelled sender left its peer a header without payload, so
+            # the peer saw a lost connection where the sender's abort frame would have
+            # named the real cause: 1 world in 300 of the 9-rank mismatch tests.)
+            views = [memoryview(b"".join(views))]
+        for view in views:
+            await self._stream.send_all(view)
 
     async def recv_into(self, buffer: memoryview) -> int:
         data = await self._stream.receive_some(buffer.nbytes)
