@@ -42,6 +42,7 @@ from ._setup import (
     Admission,
     BadMessage,
     describe_connect_error,
+    introduce,
     read_message,
     send_message,
 )
@@ -248,22 +249,16 @@ class Family:
                     f"{describe_connect_error(exc)}"
                 ) from exc
             try:
-                await _auth.initiate(
+                await introduce(
                     connection,
-                    config.credentials,
-                    role=_auth.Role.MESH,
-                    rank=me,
+                    config,
                     peer=world_rank,
-                    world_size=config.world_size,
+                    hello=(
+                        GROUP_HELLO,
+                        {"session": self._session, "key": key, "from": me, "to": world_rank},
+                    ),
+                    ack=(GROUP_ACK, {"session": self._session}),
                 )
-                await send_message(
-                    connection,
-                    GROUP_HELLO,
-                    {"session": self._session, "key": key, "from": me, "to": world_rank},
-                )
-                _, body = await read_message(connection, {GROUP_ACK})
-                if body.get("session") != self._session:
-                    raise BadMessage("the answer came from another world")
             except (BadMessage, _auth.HandshakeError) as exc:
                 await trio.aclose_forcefully(connection)
                 check()

@@ -471,6 +471,18 @@ class Link:
     def watchable(self) -> bool:
         return self._fast is not None and not self.receiving and not self._watching
 
+    async def watch_idle(self, spec: OpSpec) -> CollectiveError | None:
+        """While nobody receives on this link (its collective waits on something else, say
+        the connections of a new sub-communicator), watch it for an abort frame: the error
+        it means, or None (see :meth:`_watch_for_abort`; at once if it is not watchable)."""
+        if not self.watchable:
+            return None
+        self._watching = True
+        try:
+            return await self._watch_for_abort(spec)
+        finally:
+            self._watching = False
+
     async def _watch_for_abort(self, spec: OpSpec) -> CollectiveError | None:
         """Read ahead on this idle link, frame by frame, until an abort frame arrives: the
         error it means. Small data frames on the way (a peer may well have sent its part of

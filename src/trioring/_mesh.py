@@ -22,6 +22,7 @@ from ._setup import (
     Admission,
     BadMessage,
     describe_connect_error,
+    introduce,
     job_id,
     job_suffix,
     read_message,
@@ -72,22 +73,13 @@ async def connect_mesh(
                 f"cannot connect to rank {peer} at {address}: {describe_connect_error(exc)}", peer
             ) from exc
         try:
-            await _auth.initiate(
+            await introduce(
                 connection,
-                config.credentials,
-                role=_auth.Role.MESH,
-                rank=rank,
+                config,
                 peer=peer,
-                world_size=size,
+                hello=(MESH_HELLO, {"session": session, "from": rank, "to": peer, "plane": plane}),
+                ack=(MESH_ACK, {"session": session, "from": peer}),
             )
-            await send_message(
-                connection,
-                MESH_HELLO,
-                {"session": session, "from": rank, "to": peer, "plane": plane},
-            )
-            _, body = await read_message(connection, {MESH_ACK})
-            if body.get("session") != session or body.get("from") != peer:
-                raise BadMessage("the answer came from another world or rank")
         except (BadMessage, _auth.HandshakeError) as exc:
             await trio.aclose_forcefully(connection)
             raise error(f"handshake with rank {peer} at {address} failed: {exc}", peer) from exc

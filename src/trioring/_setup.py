@@ -263,3 +263,30 @@ class Admission:
             self._pending.pop(key, None)
         await trio.aclose_forcefully(connection)
         return None
+
+
+async def introduce(
+    connection: Connection,
+    config: Config,
+    *,
+    peer: int,
+    hello: tuple[int, dict[str, Any]],
+    ack: tuple[int, dict[str, Any]],
+) -> None:
+    """The connecting side of a data connection's set-up (the mesh's and a
+    sub-communicator's): prove to world rank ``peer`` that we are this rank of the job, send
+    ``hello`` (type, body), and read the answer of type ``ack[0]``, whose fields must equal
+    ``ack[1]``. Raises BadMessage or :class:`trioring._auth.HandshakeError`; the caller
+    closes the connection."""
+    await _auth.initiate(
+        connection,
+        config.credentials,
+        role=_auth.Role.MESH,
+        rank=config.rank,
+        peer=peer,
+        world_size=config.world_size,
+    )
+    await send_message(connection, *hello)
+    _, body = await read_message(connection, {ack[0]})
+    if any(body.get(name) != value for name, value in ack[1].items()):
+        raise BadMessage("the answer came from another world or rank")

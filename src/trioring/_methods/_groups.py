@@ -182,23 +182,16 @@ class GroupMethods(CommunicatorCore):
         abort frame: a member that failed here, alive, says so there, and we must not wait
         for its connection. A member that died is seen by the point-to-point plane."""
 
+        def watcher(link: Link) -> Callable[[], Awaitable[None]]:
+            async def one() -> None:
+                error = await link.watch_idle(spec)
+                if error is not None:
+                    raise error
+
+            return one
+
         async def watch() -> None:
-            watched = [self._links[p] for p in peers if p in self._links]
-            watched = [link for link in watched if link.watchable]
-            for link in watched:
-                link._watching = True
-
-            def watcher(link: Link) -> Callable[[], Awaitable[None]]:
-                async def one() -> None:
-                    try:
-                        error = await link._watch_for_abort(spec)
-                    finally:
-                        link._watching = False
-                    if error is not None:
-                        raise error
-
-                return one
-
-            await run_concurrently(*(watcher(link) for link in watched))
+            links = [self._links[p] for p in peers if p in self._links]
+            await run_concurrently(*(watcher(link) for link in links))
 
         return watch
