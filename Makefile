@@ -5,8 +5,11 @@
 #   make test    the test suite
 #   make lint    ruff (lint + format check) and mypy --strict
 #   make docs    build the documentation site (strict) into site/; `make serve` to browse it
-#   make bench   trioring vs torch.distributed Gloo on this machine (worlds 2 and 4, a few minutes);
-#                writes bench/results/*.json and the plots and table of docs/performance.md
+#   make bench   trioring vs torch.distributed Gloo and mpi4py over Open MPI (shared memory and
+#                TCP) on this machine, worlds 2 and 4, alternating runs (10-15 minutes on 2
+#                cores); the Python floor, the budgets; prints the tables and writes
+#                bench/results/*.json and the plots and tables of docs/performance.md. Installs
+#                Open MPI from Debian's packages as root (BENCH_PEERS=gloo to leave MPI out)
 #   make clean   remove .venv, caches and build outputs
 #
 # Use another interpreter with e.g. `make test PYTHON=python3.12` (after `make clean` if
@@ -89,21 +92,62 @@ docs: $(call INSTALL_STAMP,dev)
 serve: $(call INSTALL_STAMP,dev)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
 
-$(call INSTALL_STAMP,bench): pyproject.toml $(VENV_STAMP)
+# The MPI peers of `make bench` (bench/_mpi_worker.py under mpirun) need Open MPI: mpirun, and
+# mpicc with Open MPI's headers in case mpi4py has to be built from source. As root (CI,
+# containers) they are installed from Debian's packages, openmpi-bin and libopenmpi-dev;
+# otherwise install them yourself, or leave those peers out (make bench BENCH_PEERS=gloo).
+BENCH_SYSTEM_STAMP := $(VENV)/.stamp-system-bench
+$(BENCH_SYSTEM_STAMP): $(VENV_STAMP)
+	@if command -v mpirun >/dev/null 2>&1 && command -v mpicc >/dev/null 2>&1 && \
+		[ -n "$$(for dir in $$(mpicc --showme:incdirs 2>/dev/null); do ls "$$dir/mpi.h" 2>/dev/null; done)" ]; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null; \
+	else echo "note: mpirun or mpicc (Open MPI's headers) missing and not root: install openmpi-bin and libopenmpi-dev, or run make bench BENCH_PEERS=gloo" >&2; fi
+	@touch $@
+
+# mpi4py's wheel from PyPI carries an Open MPI build and an MPICH one and loads the system's
+# libmpi when imported: with Debian 12's Open MPI 4.1.4 it runs as it is (mpi4py 4.1.2:
+# libmpi.so.40 from /usr/lib). The check below starts two ranks that must report Open MPI;
+# where the wheel does not run, mpi4py is built from source with mpicc (libopenmpi-dev).
+MPI_CHECK = timeout 120 mpirun --allow-run-as-root --oversubscribe -n 2 --mca btl self,vader \
+	--mca oob_tcp_if_include lo $(BIN)/python -c "from mpi4py import MPI; print(MPI.Get_library_version())" 2>&1
+$(call INSTALL_STAMP,bench): pyproject.toml $(VENV_STAMP) $(BENCH_SYSTEM_STAMP)
 	$(BIN)/python -m pip install --quiet -e .
 	$(BIN)/python -m pip install --quiet --group bench
+	@if ! command -v mpirun >/dev/null 2>&1; then \
+		echo "note: no mpirun: the MPI peers of make bench cannot run (BENCH_PEERS=gloo leaves them out)" >&2; \
+	else case "$$($(MPI_CHECK))" in *"Open MPI"*) ;; *) \
+		echo "note: mpi4py's wheel does not run against this Open MPI: building mpi4py from source with mpicc" >&2; \
+		$(BIN)/python -m pip install --quiet --force-reinstall --no-deps --no-binary mpi4py 'mpi4py>=4.1' || exit 1; \
+		out="$$($(MPI_CHECK))"; case "$$out" in *"Open MPI"*) ;; *) \
+			printf 'error: mpi4py does not run against Open MPI, even built from source:\n%s\n' "$$out" >&2; exit 1;; esac;; esac; fi
 	@touch $@
 
 BENCH_SIZES ?= 4:64M
+# The collectives beyond allreduce, broadcast and barrier, at the sizes of their targets: all
+# sizes for all of them would double the run.
+BENCH_MORE := reduce allgather reduce_scatter gather scatter alltoall
+BENCH_MORE_SIZES ?= 4,64K,4M
 # Gloo's timings wobble by 10-20 % from run to run: medians of 5 alternating rounds.
 BENCH_ROUNDS ?= 5
+# Each round runs trioring, then each peer: Gloo, mpi4py over Open MPI's shared-memory
+# transport (vader), over its TCP one on loopback.
+BENCH_PEERS ?= gloo,mpi-shm,mpi-tcp
+# trioring over TCP against the TCP peers among those.
+comma := ,
+BENCH_TCP_PEERS ?= $(subst $() ,$(comma),$(filter gloo mpi-tcp,$(subst $(comma), ,$(BENCH_PEERS))))
+COMPARE = $(BIN)/python bench/compare.py --rounds $(BENCH_ROUNDS)
 bench: $(call INSTALL_STAMP,bench)
 	@mkdir -p bench/results
-	$(BIN)/python bench/compare.py -n 2 --sizes $(BENCH_SIZES) --rounds $(BENCH_ROUNDS) --json bench/results/compare_w2.json
-	$(BIN)/python bench/compare.py -n 4 --sizes $(BENCH_SIZES) --rounds $(BENCH_ROUNDS) --json bench/results/compare_w4.json
-	$(BIN)/python bench/compare.py -n 2 --transport tcp --sizes 4M,64M --collective allreduce --rounds $(BENCH_ROUNDS) --json bench/results/compare_tcp_w2.json
+	$(COMPARE) -n 2 --peers=$(BENCH_PEERS) --sizes $(BENCH_SIZES) --json bench/results/compare_w2.json
+	$(COMPARE) -n 4 --peers=$(BENCH_PEERS) --sizes $(BENCH_SIZES) --json bench/results/compare_w4.json
+	$(COMPARE) -n 2 --peers=$(BENCH_PEERS) --sizes $(BENCH_MORE_SIZES) $(BENCH_MORE:%=--collective %) --json bench/results/compare_more_w2.json
+	$(COMPARE) -n 4 --peers=$(BENCH_PEERS) --sizes $(BENCH_MORE_SIZES) $(BENCH_MORE:%=--collective %) --json bench/results/compare_more_w4.json
+	$(COMPARE) -n 2 --peers=$(BENCH_TCP_PEERS) --transport tcp --sizes 4M,64M --collective allreduce --json bench/results/compare_tcp_w2.json
 	$(BIN)/python bench/budget.py --json bench/results/budget.json
-	$(BIN)/python bench/plot.py bench/results/compare_w2.json bench/results/compare_w4.json bench/results/compare_tcp_w2.json
+	$(BIN)/python bench/floor.py --json bench/results/floor.json
+	$(BIN)/python bench/plot.py bench/results/compare_w2.json bench/results/compare_w4.json \
+		bench/results/compare_more_w2.json bench/results/compare_more_w4.json bench/results/compare_tcp_w2.json
 
 clean:
 	rm -rf $(VENV) build dist site .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -2,12 +2,15 @@
 
     .venv/bin/python bench/plot.py bench/results/compare_w2.json bench/results/compare_w4.json
 
-Writes ``docs/performance/busbw.svg`` (bus bandwidth against size, trioring and Gloo, one
-panel per collective and world size), ``docs/performance/time.svg`` (time ratio trioring /
-Gloo), and the tables the page includes, next to the JSON: ``bench/results/results.md`` (the
-full table), ``bench/results/targets.md`` (the performance targets against these
-measurements) and, from ``bench/results/budget.json`` when it exists,
-``bench/results/budget.md``. Needs matplotlib (the ``bench`` dependency group).
+Writes ``docs/performance/busbw.svg`` (bus bandwidth against size, trioring beside each peer
+in the JSON: Gloo, MPI over shared memory and MPI over TCP; one panel per collective and world
+size), ``docs/performance/time.svg`` (time ratio trioring / peer, one panel per peer), and the
+tables the page includes: ``bench/results/results.md`` (the full table),
+``bench/results/targets.md`` (the performance targets against these measurements) and, from
+``bench/results/budget.json`` when it exists, ``bench/results/budget.md``. Files written
+before the MPI peers (only ``gloo_us`` and ``ratio``) give the same plots and tables as
+before; a file without Gloo (``compare.py --peers mpi-shm``) leaves Gloo out. Needs
+matplotlib (the ``bench`` dependency group).
 """
 
 from __future__ import annotations
@@ -27,11 +30,26 @@ OUT = ROOT / "docs" / "performance"
 TABLES = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT / "src"))
 from trioring._bench import format_size  # noqa: E402
+from trioring._bench_cases import CASES  # noqa: E402
+
+#: The peers of bench/compare.py: (label, JSON key of the time, of trioring / peer, style).
+PEERS = (
+    ("Gloo", "gloo_us", "ratio", "s--"),
+    ("MPI shm", "mpi_shm_us", "ratio_mpi_shm", "^-."),
+    ("MPI tcp", "mpi_tcp_us", "ratio_mpi_tcp", "v:"),
+)
 
 
 def busbw(collective: str, size: int, n: int, us: float) -> float:
-    factor = 2 * (n - 1) / n if collective == "allreduce" else 1.0
+    """nccl-tests' bus bandwidth: 2 (n-1)/n for allreduce, (n-1)/n for the collectives that
+    split the size into blocks, 1 for broadcast and reduce (trioring/_bench_cases.py)."""
+    factor = CASES[collective].factor(n) if collective in CASES else 1.0
     return size / (us * 1e-6) / 1e9 * factor
+
+
+def peers_in(cells: list[dict]) -> list[tuple[str, str, str, str]]:
+    """The peers that some cell has a time for, in PEERS' order."""
+    return [peer for peer in PEERS if any(peer[1] in c for c in cells)]
 
 
 def load(paths: list[str]) -> list[dict]:
@@ -58,11 +76,18 @@ def plot_busbw(cells: list[dict]) -> None:
                 (c for c in cells if c["world_size"] == n and c["collective"] == collective),
                 key=lambda c: c["size"],
             )
+            if not mine:
+                ax.set_title(f"{collective}, world {n}: not measured")
+                ax.axis("off")
+                continue
             sizes = [c["size"] for c in mine]
-            for name, key, style in (("trioring", "trioring_us", "o-"), ("Gloo", "gloo_us", "s--")):
+            series = [("trioring", "trioring_us", "o-")]
+            series += [(name, key, style) for name, key, _, style in peers_in(mine)]
+            for name, key, style in series:
+                have = [c for c in mine if key in c]
                 ax.plot(
-                    sizes,
-                    [busbw(collective, c["size"], n, c[key]) for c in mine],
+                    [c["size"] for c in have],
+                    [busbw(collective, c["size"], n, c[key]) for c in have],
                     style,
                     label=name,
                 )
@@ -79,57 +104,91 @@ def plot_busbw(cells: list[dict]) -> None:
 
 
 def plot_ratio(cells: list[dict]) -> None:
-    fig, ax = plt.subplots(figsize=(10, 4.5), layout="constrained")
-    for n in sorted({c["world_size"] for c in cells}):
-        for collective, style in (("allreduce", "o-"), ("broadcast", "s--")):
-            mine = sorted(
-                (c for c in cells if c["world_size"] == n and c["collective"] == collective),
-                key=lambda c: c["size"],
-            )
-            ax.plot(
-                [c["size"] for c in mine],
-                [c["ratio"] for c in mine],
-                style,
-                label=f"{collective}, world {n}",
-            )
-    ax.axhline(1.0, color="gray", linewidth=1)
-    ax.set_xscale("log", base=2)
-    sizes = sorted({c["size"] for c in cells})
-    ax.set_xticks(sizes, [format_size(s) for s in sizes], rotation=45)
-    ax.set_yscale("log")
-    ax.set_xlabel("array size (bytes)")
-    ax.set_title("time of trioring / time of Gloo (below 1: trioring is faster)")
-    ax.set_ylabel("time ratio")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    peers = peers_in(cells)
+    fig, axes = plt.subplots(
+        max(1, len(peers)), 1, figsize=(10, 4.5 * max(1, len(peers))), squeeze=False,
+        layout="constrained",
+    )  # fmt: skip
+    sizes = sorted({c["size"] for c in cells if c["collective"] in ("allreduce", "broadcast")})
+    for (label, _, ratio, _), [ax] in zip(peers, axes, strict=False):
+        for n in sorted({c["world_size"] for c in cells}):
+            for collective, style in (("allreduce", "o-"), ("broadcast", "s--")):
+                mine = sorted(
+                    (
+                        c
+                        for c in cells
+                        if c["world_size"] == n and c["collective"] == collective and ratio in c
+                    ),
+                    key=lambda c: c["size"],
+                )
+                if not mine:
+                    continue
+                ax.plot(
+                    [c["size"] for c in mine],
+                    [c[ratio] for c in mine],
+                    style,
+                    label=f"{collective}, world {n}",
+                )
+        ax.axhline(1.0, color="gray", linewidth=1)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(sizes, [format_size(s) for s in sizes], rotation=45)
+        ax.set_yscale("log")
+        ax.set_xlabel("array size (bytes)")
+        ax.set_title(f"time of trioring / time of {label} (below 1: trioring is faster)")
+        ax.set_ylabel("time ratio")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
     fig.savefig(OUT / "time.svg", metadata={"Date": None})
     plt.close(fig)
 
 
 def table(cells: list[dict]) -> str:
-    lines = [
-        "| collective | world | size | trioring over | trioring (us) | Gloo (us) | ratio "
-        "| trioring busbw (GB/s) |",
-        "|---|---:|---:|---|---:|---:|---:|---:|",
-    ]
+    peers = peers_in(cells)
+    spread = any("trioring_min_us" in c for c in cells)
+    head = ["collective", "world", "size", "trioring over", "trioring (us)"]
+    head += ["trioring range (us)"] if spread else []
+    for label, _, _, _ in peers:
+        head += [f"{label} (us)", "ratio" if label == "Gloo" else f"ratio {label}"]
+    head.append("trioring busbw (GB/s)")
+    lines = ["| " + " | ".join(head) + " |", "|---|---:|---:|---|" + "---:|" * (len(head) - 4)]
     order = {"unix": 0, "tcp": 1}
     for c in sorted(
         cells,
         key=lambda c: (order.get(c["transport"], 2), c["collective"], c["world_size"], c["size"]),
     ):
         bw = busbw(c["collective"], c["size"], c["world_size"], c["trioring_us"])
-        bw_text = f"{bw:.2f}" if c["size"] else "-"
-        lines.append(
-            f"| {c['collective']} | {c['world_size']} | {format_size(c['size'])} | "
-            f"{c['transport']} | {c['trioring_us']:.1f} | {c['gloo_us']:.1f} | {c['ratio']:.2f} "
-            f"| {bw_text} |"
-        )
+        row = [c["collective"], str(c["world_size"]), format_size(c["size"]), c["transport"]]
+        row.append(f"{c['trioring_us']:.1f}")
+        if spread:
+            low, high = c.get("trioring_min_us"), c.get("trioring_max_us")
+            row.append(f"{low:.1f}-{high:.1f}" if low is not None else "-")
+        for _, key, ratio, _ in peers:
+            row += [f"{c[key]:.1f}", f"{c[ratio]:.2f}"] if key in c else ["-", "-"]
+        row.append(f"{bw:.2f}" if c["size"] else "-")
+        lines.append("| " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 
 
-# The performance targets: (collective, world size, size in bytes, trioring's transport, largest
-# time ratio vs Gloo).
-TARGETS = [
+# trioring's performance targets. Against MPI (mpi4py over Open MPI's shared-memory transport,
+# the peer an HPC user compares with): (collectives, world sizes, sizes in bytes, largest time
+# ratio trioring / MPI shm). Sizes of the collectives that split into blocks are the nominal
+# ones: their smallest cell moves one element per rank.
+MPI_TARGETS = [
+    (("barrier",), (2, 4), (0,), 3.0),
+    (("allreduce", "broadcast"), (2, 4), (4, 4096), 3.0),
+    (("allreduce", "broadcast"), (2, 4), (64 * 1024, 256 * 1024), 1.0),
+    (("allreduce", "broadcast"), (2, 4), (4 * 1024**2,), 0.8),
+    (("allreduce",), (2, 4), (64 * 1024**2,), 0.5),
+    (("broadcast",), (2, 4), (64 * 1024**2,), 0.8),
+    *(
+        ((c,), (2, 4), (size,), limit)
+        for c in ("reduce", "allgather", "reduce_scatter", "gather", "scatter", "alltoall")
+        for size, limit in ((4, 3.0), (64 * 1024, 1.0), (4 * 1024**2, 0.8))
+    ),
+]
+# Against Gloo, never to regress: (collective, world size, size in bytes, trioring's
+# transport, largest time ratio trioring / Gloo).
+GLOO_TARGETS = [
     ("allreduce", 2, 4, "unix", 0.25),
     ("allreduce", 4, 4, "unix", 0.25),
     ("allreduce", 2, 4096, "unix", 0.25),
@@ -144,18 +203,75 @@ TARGETS = [
 ]
 
 
-def targets(cells: list[dict]) -> str:
-    index = {(c["collective"], c["world_size"], c["size"], c["transport"]): c for c in cells}
+def _find(cells: list[dict], collective: str, n: int, size: int, transport: str) -> dict | None:
+    """The cell of ``size``, or for the collectives that split it into blocks (whose
+    smallest cells move one element per rank) the smallest cell of at least ``size``."""
+    mine = sorted(
+        (
+            c
+            for c in cells
+            if c["collective"] == collective
+            and c["world_size"] == n
+            and c["transport"] == transport
+            and c["size"] >= size
+        ),
+        key=lambda c: c["size"],
+    )
+    if mine and (mine[0]["size"] == size or mine[0]["size"] <= max(size, 4) * n):
+        return mine[0]
+    return None
+
+
+def _floor(floor: dict | None, collective: str, n: int, size: int) -> str:
+    """The Python floor (bench/floor.py) of a 4-byte allreduce or a barrier, where known."""
+    if floor is None or size > 4 or collective not in ("allreduce", "barrier"):
+        return ""
+    for row in floor["floor"]:
+        if row["world_size"] == n and row["variant"] == collective:
+            return f"{row['median_us']:.1f}"
+    return ""
+
+
+def targets(cells: list[dict], floor: dict | None = None) -> str:
+    """The targets against MPI over shared memory (with the Python floor, bench/floor.py, as
+    the limit where it applies), then those against Gloo."""
     lines = [
+        "| case | target (time / MPI shm's) | measured | trioring (us) | spread over rounds (us) "
+        "| MPI shm (us) | limit: Python floor (us) | met |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for collectives, worlds, sizes, limit in MPI_TARGETS:
+        for collective in collectives:
+            for n in worlds:
+                for size in sizes:
+                    cell = _find(cells, collective, n, size, "unix")
+                    label = format_size(size) + (" B" if size < 1024 else "")
+                    name = (
+                        f"{collective} {label}, world {n}" if size else f"{collective}, world {n}"
+                    )
+                    limit_us = _floor(floor, collective, n, size)
+                    if cell is None or "ratio_mpi_shm" not in cell:
+                        lines.append(f"| {name} | <= {limit} | not measured | | | | {limit_us} | |")
+                        continue
+                    met = "yes" if cell["ratio_mpi_shm"] <= limit else "**no**"
+                    low, high = cell.get("trioring_min_us"), cell.get("trioring_max_us")
+                    spread = f"{low:.1f}-{high:.1f}" if low is not None else ""
+                    lines.append(
+                        f"| {name} | <= {limit} | {cell['ratio_mpi_shm']:.2f} | "
+                        f"{cell['trioring_us']:.1f} | {spread} | {cell['mpi_shm_us']:.1f} | "
+                        f"{limit_us} | {met} |"
+                    )
+    lines += [
+        "",
         "| case | target (time / Gloo's) | measured | trioring (us) | Gloo (us) | met |",
         "|---|---:|---:|---:|---:|---|",
     ]
-    for collective, n, size, transport, limit in TARGETS:
-        cell = index.get((collective, n, size, transport))
+    for collective, n, size, transport, limit in GLOO_TARGETS:
+        cell = _find(cells, collective, n, size, transport)
         label = format_size(size) + (" B" if size < 1024 else "")
         name = f"{collective} {label}, world {n}" if size else f"{collective}, world {n}"
         name += f" ({transport})"
-        if cell is None:
+        if cell is None or "ratio" not in cell:
             lines.append(f"| {name} | <= {limit} | not measured | | | |")
             continue
         met = "yes" if cell["ratio"] <= limit else "**no**"
@@ -189,9 +305,18 @@ def budget(path: Path) -> str:
 
 
 def main() -> None:
+    global OUT, TABLES
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("json", nargs="+", help="files written by bench/compare.py --json")
+    parser.add_argument("--plots", type=Path, default=OUT, help=f"where the SVGs go ({OUT})")
+    parser.add_argument(
+        "--tables", type=Path, default=TABLES, help=f"where the tables go ({TABLES})"
+    )
+    parser.add_argument(
+        "--budget", type=Path, help="bench/budget.py's JSON (default: budget.json in --tables)"
+    )
     args = parser.parse_args()
+    OUT, TABLES = args.plots, args.tables
     cells = load(args.json)
     OUT.mkdir(parents=True, exist_ok=True)
     plotted = [c for c in cells if c["collective"] != "barrier" and c["transport"] == "unix"]
@@ -199,8 +324,10 @@ def main() -> None:
     plot_ratio(plotted)
     TABLES.mkdir(parents=True, exist_ok=True)
     (TABLES / "results.md").write_text(table(cells))
-    (TABLES / "targets.md").write_text(targets(cells))
-    budget_json = TABLES / "budget.json"
+    floor_json = TABLES / "floor.json"
+    floor = json.loads(floor_json.read_text()) if floor_json.exists() else None
+    (TABLES / "targets.md").write_text(targets(cells, floor))
+    budget_json = args.budget or TABLES / "budget.json"
     if budget_json.exists():
         (TABLES / "budget.md").write_text(budget(budget_json))
     print(f"wrote busbw.svg and time.svg in {OUT}; results, targets and budget in {TABLES}")

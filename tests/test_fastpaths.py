@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from collections.abc import AsyncIterator
 
 WORKER = Path(__file__).parent / "workers" / "stress_worker.py"
-ITERATIONS = 30
+ITERATIONS = 36
 CMA_HERE = trioring.is_available("cma")
 SHM_HERE = trioring.is_available("shm")
 

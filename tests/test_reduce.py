@@ -133,9 +133,10 @@ def fits(name: str, nbytes: int, world_size: int) -> bool:
 
 
 def test_every_algorithm_is_covered() -> None:
-    assert _decision.ALGORITHMS["reduce_scatter"] == SCATTER_ALGORITHMS
-    assert _decision.ALGORITHMS["reduce_scatterv"] == SCATTER_ALGORITHMS
-    assert _decision.ALGORITHMS["reduce"] == REDUCE_ALGORITHMS
+    # In-process worlds have no shared segment: "shm" runs in test_real_processes.
+    assert _decision.ALGORITHMS["reduce_scatter"] == ("shm", *SCATTER_ALGORITHMS)
+    assert _decision.ALGORITHMS["reduce_scatterv"] == ("shm", *SCATTER_ALGORITHMS)
+    assert _decision.ALGORITHMS["reduce"] == ("shm", *REDUCE_ALGORITHMS)
 
 
 @pytest.mark.parametrize(
@@ -167,7 +168,16 @@ def test_reduce_decision(nbytes: int, world_size: int, expected: str) -> None:
     ],
 )
 def test_reduce_scatter_decision(nbytes: int, small: int, expected: str) -> None:
-    assert _decision.reduce_scatter(nbytes, small) == expected
+    assert _decision.reduce_scatter(nbytes, small, -1) == expected
+    # The shared segment, where there is one, takes what fits it, whatever the sizes above.
+    assert _decision.reduce_scatter(nbytes, small, nbytes) == "shm"
+    assert _decision.reduce_scatter(nbytes + 1, nbytes + 1, nbytes) == "recursive_halving"
+
+
+def test_reduce_takes_the_segment_where_it_fits() -> None:
+    assert _decision.reduce(4096, 4, 4096) == "shm"
+    assert _decision.reduce(4097, 4, 4096) == "tree"
+    assert _decision.reduce(0, 4, -1) == "tree"
 
 
 async def test_communicator_follows_the_table(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -721,9 +731,15 @@ async def one_mismatch(
 # -- real processes ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("transport", ["tcp", "unix"])
-def test_real_processes(tmp_path: Path, transport: str) -> None:
-    for report in run_reports(WORKER, ["check", str(tmp_path)], tmp_path, 4, transport=transport):
+@pytest.mark.parametrize(
+    ("transport", "world_size"), [("tcp", 4), ("unix", 2), ("unix", 3), ("unix", 4)]
+)
+def test_real_processes(tmp_path: Path, transport: str, world_size: int) -> None:
+    """Every algorithm (over unix, the shared segment's too) against numpy."""
+    reports = run_reports(
+        WORKER, ["check", str(tmp_path)], tmp_path, world_size, transport=transport
+    )
+    for report in reports:
         assert report["errors"] == [], report["errors"]
 
 

@@ -27,6 +27,7 @@ import trio
 import trioring
 from trioring._collectives import _decision
 from trioring._onehost import _cma_collectives, _shm_collectives
+from trioring._onehost._shm import SHM_MAX_BYTES
 
 CALLS: dict[str, int] = {}
 
@@ -91,7 +92,9 @@ async def main(mode: str, out_dir: Path) -> int:
             n = comm.world_size
             features = comm.features
             if mode == "all":
-                sizes = (0, 1, n - 1, 2 * n + 1, 1023, 300_001)
+                # The last but one fills the shared segment's slot with float32 (up to 256 KiB
+                # at worlds 2-4): the mid-size path through the segment.
+                sizes = (0, 1, n - 1, 2 * n + 1, 1023, comm._shm_allreduce_bytes // 4 - 1, 300_001)
                 for name in _decision.ALGORITHMS["allreduce"]:
                     if name in ("shm", "cma") and name not in features:
                         continue
@@ -110,7 +113,7 @@ async def main(mode: str, out_dir: Path) -> int:
                         continue
                     comm._force_algorithm("broadcast", name)
                     for i, count in enumerate(sizes):
-                        if name == "shm" and count * 4 > 4096:
+                        if name == "shm" and count * 4 > SHM_MAX_BYTES:
                             continue
                         await check_broadcast(comm, errors, i, count, i % n)
                 for name in _decision.ALGORITHMS["barrier"]:
@@ -126,7 +129,8 @@ async def main(mode: str, out_dir: Path) -> int:
                     comm._force_algorithm("allreduce", "shm")
                     seq = comm.seq
                     try:
-                        await comm.allreduce(np.zeros(4096, np.float64))
+                        too_large = comm._shm_allreduce_bytes // 8 + 1
+                        await comm.allreduce(np.zeros(too_large, np.float64))
                     except trioring.InvalidArgumentError:
                         pass
                     else:

@@ -2,7 +2,8 @@
 
 ``trioring run -n N --transport T reduce_worker.py MODE OUT_DIR [ARGS]``. Modes:
 
-- ``check``: reduce_scatter, reduce_scatterv and reduce (by both algorithms) at several
+- ``check``: reduce_scatter, reduce_scatterv and reduce (by every algorithm that takes the
+  size: the shared segment's where the world has one) at several
   sizes and ops, checked against numpy (inputs integer-valued, so exact in any order); the
   report (``rank{RANK}.json``) lists any errors.
 - ``kill COLLECTIVE VICTIM ALGORITHM``: every rank runs COLLECTIVE (``reduce_scatter`` or
@@ -27,6 +28,7 @@ import numpy as np
 import trio
 
 import trioring
+from trioring._collectives import _decision, _reduce
 from trioring._collectives._allreduce import UFUNCS as SUM_UFUNCS, ReduceOp
 
 UFUNCS = {"sum": np.add, "min": np.minimum, "max": np.maximum, "prod": np.multiply}
@@ -34,6 +36,15 @@ UFUNCS = {"sum": np.add, "min": np.minimum, "max": np.maximum, "prod": np.multip
 
 def make(seed: int, rank: int, count: int, dtype: str) -> np.ndarray[Any, Any]:
     return np.random.default_rng([seed, rank]).integers(-3, 4, count).astype(dtype)
+
+
+def runnable(comm: trioring.Communicator, algorithm: str, nbytes: int) -> bool:
+    """Whether the forced ``algorithm`` takes an input of ``nbytes`` here."""
+    if algorithm == "shm":
+        return "shm" in comm.features and nbytes <= _reduce.shm_limit(comm._world)
+    if algorithm == "recursive_halving":
+        return nbytes <= _reduce.small_bytes(comm._world)
+    return True
 
 
 async def check(comm: trioring.Communicator, errors: list[str]) -> None:
@@ -44,22 +55,36 @@ async def check(comm: trioring.Communicator, errors: list[str]) -> None:
             (1, "int32", "max"),
             (333, "float64", "min"),
             (70_001, "int64", "sum"),
+            # Fills the shared segment's slot at world 4 (256 KiB).
+            (16_384, "float32", "sum"),
         ]
     ):
-        inputs = [make(seed, q, n * block, dtype) for q in range(n)]
-        expected = UFUNCS[op].reduce(np.stack(inputs), axis=0)
-        mine = await comm.reduce_scatter(inputs[r].reshape(n, block), op=op)
-        if not np.array_equal(mine, expected[r * block : (r + 1) * block]):
-            errors.append(f"reduce_scatter {dtype}[{n}x{block}] {op}: wrong result")
-        counts = [(block + 3 * q) % (block + 2) for q in range(n)]
-        total = sum(counts)
-        inputs = [make(seed, q, total, dtype) for q in range(n)]
-        expected = UFUNCS[op].reduce(np.stack(inputs), axis=0)
-        mine = await comm.reduce_scatterv(inputs[r], counts=counts, op=op)
-        start = sum(counts[:r])
-        if not np.array_equal(mine, expected[start : start + counts[r]]):
-            errors.append(f"reduce_scatterv {dtype}{counts} {op}: wrong result")
-        for algorithm in ("tree", "reduce_scatter_gather"):
+        for algorithm in _decision.ALGORITHMS["reduce_scatter"]:
+            nbytes = n * block * np.dtype(dtype).itemsize
+            if not runnable(comm, algorithm, nbytes):
+                continue
+            comm._force_algorithm("reduce_scatter", algorithm)
+            comm._force_algorithm("reduce_scatterv", algorithm)
+            inputs = [make(seed, q, n * block, dtype) for q in range(n)]
+            expected = UFUNCS[op].reduce(np.stack(inputs), axis=0)
+            mine = await comm.reduce_scatter(inputs[r].reshape(n, block), op=op)
+            if not np.array_equal(mine, expected[r * block : (r + 1) * block]):
+                errors.append(f"{algorithm} reduce_scatter {dtype}[{n}x{block}] {op}: wrong result")
+            counts = [(block + 3 * q) % (block + 2) for q in range(n)]
+            total = sum(counts)
+            if not runnable(comm, algorithm, total * np.dtype(dtype).itemsize):
+                continue
+            inputs = [make(seed, q, total, dtype) for q in range(n)]
+            expected = UFUNCS[op].reduce(np.stack(inputs), axis=0)
+            mine = await comm.reduce_scatterv(inputs[r], counts=counts, op=op)
+            start = sum(counts[:r])
+            if not np.array_equal(mine, expected[start : start + counts[r]]):
+                errors.append(f"{algorithm} reduce_scatterv {dtype}{counts} {op}: wrong result")
+        comm._force_algorithm("reduce_scatter", None)
+        comm._force_algorithm("reduce_scatterv", None)
+        for algorithm in _decision.ALGORITHMS["reduce"]:
+            if not runnable(comm, algorithm, (n * block + 1) * np.dtype(dtype).itemsize):
+                continue
             comm._force_algorithm("reduce", algorithm)
             for root in (0, n - 1):
                 inputs = [make(seed, q, n * block + 1, dtype) for q in range(n)]

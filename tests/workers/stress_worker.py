@@ -3,7 +3,8 @@ each call returns.
 
 ``python stress_worker.py ITERATIONS OUT_DIR`` under ``trioring run``. Iteration i uses an odd
 element count and a dtype chosen from i, an allreduce (exact integer sums, or float min/max),
-a broadcast from root ``i % n``, and an allgather, gather, scatter and alltoall of blocks of
+a broadcast from root ``i % n``, a reduce_scatter and a reduce (the allreduce's op and
+inputs), and an allgather, gather, scatter and alltoall of blocks of
 an odd ``count / n``, rooted at ``i % n``. In each iteration about half of the ranks (roles rotate) check
 their result against numpy, and the other half overwrite their array with garbage as soon as
 the call returns: a rank that returned while a peer could still read its array would corrupt
@@ -78,6 +79,36 @@ async def copies(
         errors.append(f"alltoall {what}")
 
 
+async def reductions(
+    comm: trioring.Communicator,
+    i: int,
+    dtype: np.dtype,
+    count: int,
+    op: str,
+    inputs: list[np.ndarray],
+    checker: bool,
+    errors: list[str],
+) -> None:
+    """reduce_scatter and reduce, whose inputs a non-checking rank overwrites on return."""
+    n, rank, root = comm.world_size, comm.rank, i % comm.world_size
+    ufunc = {"sum": np.add, "min": np.minimum, "max": np.maximum}[op]
+    with np.errstate(all="ignore"):
+        expected = ufunc.reduce(np.stack(inputs), axis=0, dtype=dtype)
+    block = count // n
+    x = inputs[rank][: n * block].copy()
+    got = await comm.reduce_scatter(x, op=op)
+    if not checker:
+        x.fill(7)
+    elif not np.array_equal(got, expected[rank * block : (rank + 1) * block]):
+        errors.append(f"reduce_scatter #{i} {dtype}[{n * block}] {op}")
+    x = inputs[rank].copy()
+    await comm.reduce(x, root=root, op=op)
+    if not checker:
+        x.fill(7)
+    elif rank == root and not np.array_equal(x, expected):
+        errors.append(f"reduce #{i} {dtype}[{count}] {op} root {root}")
+
+
 async def main(iterations: int, out_dir: Path) -> int:
     rank = int(os.environ["RANK"])
     if os.environ.get("STRESS_NO_CMA_RANK") == str(rank):
@@ -93,7 +124,8 @@ async def main(iterations: int, out_dir: Path) -> int:
                 # Odd counts from a few elements to ~8 MB: every path (shared segment,
                 # recursive doubling, ring or cross-memory attach, uneven segments) is
                 # exercised.
-                sizes = [3, 1_001, 4_095, 65_537, 1_000_001, 2_500_001, 8_000_001]
+                # 65_537 to 262_143 bytes: the shared segment's mid sizes (up to 256 KiB).
+                sizes = [3, 1_001, 4_095, 65_537, 200_001, 262_143, 1_000_001, 2_500_001, 8_000_001]
                 count = sizes[i % len(sizes)] // dtype.itemsize | 1
                 op = "sum" if dtype.kind in "iu" else ("min", "max")[i % 2]
                 inputs = [make(i, q, count, dtype) for q in range(n)]
@@ -115,6 +147,7 @@ async def main(iterations: int, out_dir: Path) -> int:
                     array.fill(7)
                 elif not np.array_equal(array, inputs[root]):
                     errors.append(f"broadcast #{i} {dtype}[{count}] root {root}")
+                await reductions(comm, i, dtype, count, op, inputs, checker, errors)
                 await copies(comm, i, dtype, count // n | 1, checker, errors)
             features = sorted(comm.features)
     report = {"rank": rank, "errors": errors, "features": features}

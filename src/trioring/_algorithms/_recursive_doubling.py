@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .._util import ignore_fp_errors
 from ._steps import exchange
 
 if TYPE_CHECKING:
@@ -61,7 +62,7 @@ async def recursive_doubling_allreduce(
         spare, spare_raw = flat, raw
     acc, acc_raw = flat, raw  # where the partial result is
 
-    with np.errstate(all="ignore"):
+    with ignore_fp_errors():
         if r >= p:
             partner = world.links[r - p]
             await partner.send(spec, 0, raw)

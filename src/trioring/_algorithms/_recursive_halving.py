@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .._util import ignore_fp_errors
 from ._steps import exchange
 
 if TYPE_CHECKING:
@@ -67,7 +68,7 @@ async def recursive_halving_reduce_scatter(
     await exchange(
         spec, world.links[(r + 1) % n], token, empty, world.links[(r - 1) % n], token, empty
     )
-    with np.errstate(all="ignore"):
+    with ignore_fp_errors():
         if r >= p:
             partner = world.links[r - p]
             await partner.send(spec, 0, flat.view(np.uint8).data)

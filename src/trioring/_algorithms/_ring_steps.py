@@ -19,6 +19,7 @@ import numpy as np
 import trio
 
 from .._concurrency import run_concurrently
+from .._util import ignore_fp_errors
 from ._steps import bytes_of, chunks
 
 if TYPE_CHECKING:
@@ -97,7 +98,7 @@ async def ring_steps(
     async def receiver() -> None:
         # Overflow to inf is a valid result, and a warning would appear only on the rank that
         # happened to finish the block; MPI is silent too.
-        with np.errstate(all="ignore"), ready_send:
+        with ignore_fp_errors(), ready_send:
             for s, (lo, hi, target, base, own, divide) in enumerate(steps):
                 if sent is not None and s >= 2:
                     await sent[s - 1].wait()

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .._util import ignore_fp_errors
 from ._steps import bytes_of, chunks, exchange
 
 if TYPE_CHECKING:
@@ -76,7 +77,7 @@ async def recursive_doubling_scan(
             rounds.append((mask, world.links[partner], partner < r))
         mask <<= 1
     last_mask = rounds[-1][0]  # the partial after this rank's last round is never sent
-    with np.errstate(all="ignore"):
+    with ignore_fp_errors():
         for offset, count in chunks(0, total, chunk):
             result = flat[offset : offset + count]
             partial = partial_all[:count]

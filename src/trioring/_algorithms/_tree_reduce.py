@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .._util import ignore_fp_errors
 from ._steps import bytes_of, chunks
 from ._tree import tree_neighbours
 
@@ -54,7 +55,7 @@ async def tree_reduce(
     mine = np.empty(chunk if children and parent is not None else 0, dtype)
     parent_link = world.links[parent] if parent is not None else None
     child_links = [world.links[child] for child in children]
-    with np.errstate(all="ignore"):
+    with ignore_fp_errors():
         for offset, count in chunks(0, flat.shape[0], chunk):
             own = flat[offset : offset + count]
             acc = own if parent is None else mine[:count]

@@ -34,7 +34,7 @@ class World:
     #: one (see _shm); None otherwise.
     shm: SharedSlots | None = None
     #: The views of recent shared-memory allreduces, per (parity, dtype, count).
-    shm_plans: dict[tuple[int, np.dtype, int], ReducePlan] = attrs.field(factory=dict)
+    shm_plans: dict[tuple[int, np.dtype, int, int], ReducePlan] = attrs.field(factory=dict)
     #: The collective whose wait on the segment is in a checkpoint, and the sequence words
     #: of the peers that had not published it then; left as they are when a cancellation
     #: ends the wait there, to name those peers (see :func:`awaited_ranks`).

@@ -96,11 +96,10 @@ def check(array: object, op: object) -> tuple[np.ndarray[Any, Any], ReduceOp]:
 
 
 def shm_bytes(world: World) -> int:
-    """The largest array the shared-memory allreduce takes: it needs 2 p arrays' worth of
-    scratch, p the largest power of two <= world size (see
-    _onehost._shm_collectives.shm_allreduce)."""
-    p = 1 << (world.size.bit_length() - 1)
-    return min(_shm.SHM_MAX_BYTES, world.scratch.nbytes // (2 * p))
+    """The largest array the shared-memory allreduce takes: its slot, and the scratch that
+    its reduction needs (see _onehost._shm_collectives.reduce_temporaries)."""
+    temporaries = _shm_collectives.reduce_temporaries(world.size)
+    return min(_shm.SHM_MAX_BYTES, world.scratch.nbytes // temporaries)
 
 
 def unrunnable(name: str, world: World, nbytes: int) -> str | None:

@@ -4,7 +4,7 @@ paths that every rank agreed on at opening. Every choice trioring makes is here.
 ==========  ======================================================  ======================
 collective  condition, first match wins                             algorithm
 ==========  ======================================================  ======================
-allreduce   "shm" and nbytes <= the segment's share (<= 4 KiB)      ``shm``
+allreduce   "shm" and nbytes <= the segment's share (<= 256 KiB)    ``shm``
 allreduce   "cma" and nbytes > CMA_MIN_BYTES                        ``cma``
 allreduce   nbytes <= min(SMALL_ALLREDUCE_BYTES, chunk_bytes)        ``recursive_doubling``
 allreduce   otherwise                                               ``ring``
@@ -29,6 +29,9 @@ gather      "shm" and each rank's block <= SHM_MAX_BYTES            ``shm``
 gather      "cma" and total nbytes > CMA_MIN_COPY_BYTES             ``cma``
 gather      otherwise (an agreement round, then the binomial tree)  ``tree``
 gatherv     any sizes                                               ``tree``
+scatter     "shm", an array on the root that fits its slot beside    ``shm`` (not forceable:
+            the header (the header round goes through the segment      only the root knows the
+            whenever there is one, whatever carries the data)          size before the round)
 scatter     "cma", an array on the root, total > CMA_MIN_COPY_BYTES  ``cma``
 scatter     otherwise (a header round, then the binomial tree)      ``tree``
 scatterv    any sizes                                               ``tree``
@@ -37,9 +40,11 @@ scatterv    any sizes                                               ``tree``
 ===============  ===================================================  =========================
 collective       condition (see REDUCE_FAMILY below)                  algorithm
 ===============  ===================================================  =========================
+reduce_scatter   "shm" and nbytes <= allreduce's share of the segment  ``shm``
 reduce_scatter   nbytes <= min(SMALL_REDUCE_SCATTER_BYTES, chunk)     ``recursive_halving``
 reduce_scatter   otherwise                                            ``ring``
 reduce_scatterv  as reduce_scatter (total nbytes)                     as reduce_scatter
+reduce           "shm" and nbytes <= allreduce's share of the segment  ``shm``
 reduce           nbytes <= SMALL_REDUCE_BYTES, or n <= 2              ``tree``
 reduce           otherwise                                            ``reduce_scatter_gather``
 ===============  ===================================================  =========================
@@ -51,7 +56,7 @@ scan        any size, chunk by chunk            ``recursive_doubling``
 exscan      any size, chunk by chunk            ``recursive_doubling``
 ==========  ==================================  ======================
 
-The world size enters through the limits (the shared-memory allreduce needs 2 p arrays'
+The world size enters through the limits (the shared-memory allreduce needs log2 p arrays'
 worth of scratch, p the largest power of two <= world size) and where a row names it. A
 world of one runs whichever is chosen without any I/O.
 
@@ -161,9 +166,9 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
     "barrier": ("shm", "dissemination"),
     "allgather": ("shm", "cma", "bruck", "recursive_doubling", "ring"),
     "allgatherv": ("cma", "bruck", "recursive_doubling", "ring"),
-    "reduce_scatter": ("recursive_halving", "ring"),
-    "reduce_scatterv": ("recursive_halving", "ring"),
-    "reduce": ("tree", "reduce_scatter_gather"),
+    "reduce_scatter": ("shm", "recursive_halving", "ring"),
+    "reduce_scatterv": ("shm", "recursive_halving", "ring"),
+    "reduce": ("shm", "tree", "reduce_scatter_gather"),
     "gather": ("shm", "cma", "tree"),
     "gatherv": ("tree",),
     "scatter": ("cma", "tree"),
@@ -251,15 +256,21 @@ def allgather(
     return "bruck" if total_nbytes <= SMALL_ALLGATHER_BYTES else "ring"
 
 
-def reduce_scatter(nbytes: int, small_bytes: int) -> str:
+def reduce_scatter(nbytes: int, small_bytes: int, shm_bytes: int = -1) -> str:
     """The reduce_scatter and reduce_scatterv row for an input of ``nbytes``, the same on
-    every rank; ``small_bytes`` is the largest input recursive halving takes here (see
-    REDUCE_FAMILY above)."""
+    every rank; ``small_bytes`` is the largest input recursive halving takes here,
+    ``shm_bytes`` the largest the shared segment takes (-1: none; see REDUCE_FAMILY
+    above)."""
+    if nbytes <= shm_bytes:
+        return "shm"
     return "recursive_halving" if nbytes <= small_bytes else "ring"
 
 
-def reduce(nbytes: int, world_size: int) -> str:
-    """The reduce row for an array of ``nbytes`` (see REDUCE_FAMILY above)."""
+def reduce(nbytes: int, world_size: int, shm_bytes: int = -1) -> str:
+    """The reduce row for an array of ``nbytes``; ``shm_bytes`` as for
+    :func:`reduce_scatter` (see REDUCE_FAMILY above)."""
+    if nbytes <= shm_bytes:
+        return "shm"
     if nbytes <= SMALL_REDUCE_BYTES or world_size <= 2:
         return "tree"
     return "reduce_scatter_gather"
@@ -339,10 +350,13 @@ def gather(total_nbytes: int = 0, onehost: tuple[bool, bool] = (False, False)) -
     return "tree"
 
 
-def scatter(total_nbytes: int = 0, cma: bool = False) -> str:
+def scatter(total_nbytes: int = 0, cma: bool = False, shm_bytes: int = -1) -> str:
     """The scatter row for ``total_nbytes`` scattered from the root's array (known on every
     rank after the first round; a list on the root, or scatterv, passes nothing, for the
-    tree), with cross-memory attach or without."""
+    tree), with cross-memory attach or without, and ``shm_bytes`` the most the root's slot
+    carries beside the header (-1: no shared segment)."""
+    if total_nbytes <= shm_bytes:
+        return "shm"
     return "cma" if cma and total_nbytes > CMA_MIN_COPY_BYTES else "tree"
 
 

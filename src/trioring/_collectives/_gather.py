@@ -47,6 +47,7 @@ from .. import _algorithms
 from .._errors import ProtocolError
 from .._onehost import _copies
 from .._onehost._shm import SHM_MAX_BYTES
+from .._onehost._shm_collectives import shm_done
 from .._wire import DTYPE_CODES, DTYPES
 from . import _decision
 from ._checks import Refused, check_array, check_out, check_root
@@ -277,11 +278,21 @@ def plan_scatter(
         header[_COUNT] = -1
 
     async def scatter_from_root(spec: OpSpec) -> None:
-        await _algorithms.disseminate(world, spec, header, _merge)
+        by = _scatter_by(world, forced, n * own_count * dtype.itemsize if form == _ARRAY else -1)
+        if world.shm is not None:
+            payload = parts[0] if by == "shm" else None
+            await _copies.shm_disseminate(world, spec, header, _merge, payload)
+            shm_done(world, spec)
+        else:
+            await _algorithms.disseminate(world, spec, header, _merge)
         _check_header(world, spec, header, checked_root)
+        if by == "shm":
+            # The others copy theirs out of this rank's slot.
+            result[...] = parts[0][r * own_count : (r + 1) * own_count]
+            return
         if form == _ARRAY:
             data = attrs.evolve(spec, dtype_code=DTYPE_CODES[dtype], count=own_count)
-            if _scatter_by(world, forced, n * own_count * dtype.itemsize) == "cma":
+            if by == "cma":
                 await _copies.cma_scatter(world, data, parts[0], result, checked_root)
                 return
             sizes = [own_count] * n
@@ -352,12 +363,21 @@ def _check_blocks(
     return _ARRAY, [flat], shapes
 
 
+#: The most a scatter's root carries in its slot beside the header: the blocks of a
+#: scatter from an array up to this size travel with the header round.
+SHM_SCATTER_BYTES = SHM_MAX_BYTES - HEADER_WORDS * 8
+
+
 def _scatter_by(world: World, forced: str | None, total_nbytes: int) -> str:
-    """The algorithm of a scatter from an array, once the header told every rank its size
-    (the same on every rank); a list on the root always goes by the tree."""
+    """The algorithm of a scatter from an array of ``total_nbytes`` (-1: a list, or
+    scatterv, which always go by the tree), the same on every rank once the header told it
+    the size."""
+    if total_nbytes < 0:
+        return "tree"
     if forced is not None:
         return forced
-    return _decision.scatter(total_nbytes, world.peer_pids is not None)
+    shm_bytes = SHM_SCATTER_BYTES if world.shm is not None else -1
+    return _decision.scatter(total_nbytes, world.peer_pids is not None, shm_bytes)
 
 
 def _scatter_elsewhere(
@@ -374,10 +394,15 @@ def _scatter_elsewhere(
     header = _blank_header(r, target)
 
     async def scatter_to_here(spec: OpSpec) -> None:
-        await _algorithms.disseminate(world, spec, header, _merge)
+        rows = None
+        if world.shm is not None:
+            rows = await _copies.shm_disseminate(world, spec, header, _merge, None)
+        else:
+            await _algorithms.disseminate(world, spec, header, _merge)
         _check_header(world, spec, header, root)
         dtype = DTYPES[int(header[_DTYPE]) - 1]
         data = attrs.evolve(spec, dtype_code=int(header[_DTYPE]))
+        by = "tree"
         if header[_FORM] == _ARRAY:
             shape = tuple(int(d) for d in header[_SHAPE : _SHAPE + int(header[_NDIM])])
             count = int(header[_COUNT])
@@ -388,7 +413,17 @@ def _scatter_elsewhere(
                 box.append(out)  # type: ignore[arg-type]  # checked to be an ndarray
                 result = target
             data = attrs.evolve(data, count=count)
-            if _scatter_by(world, forced, n * count * dtype.itemsize) == "cma":
+            by = _scatter_by(world, forced, n * count * dtype.itemsize)
+            if by == "shm":
+                assert rows is not None
+                at = HEADER_WORDS * 8 + r * count * dtype.itemsize
+                result.view(np.uint8)[...] = rows[root, at : at + result.nbytes]
+        if rows is not None:
+            shm_done(world, spec)
+        if by == "shm":
+            return
+        if header[_FORM] == _ARRAY:
+            if by == "cma":
                 await _copies.cma_scatter(world, data, None, result, root)
                 return
             await _algorithms.tree_scatter(world, data, None, [count] * n, root, result)

@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import _algorithms
+from .._onehost import _shm_collectives
 from .._wire import DTYPE_CODES, NO_ROOT
 from . import _decision
-from ._allreduce import OP_CODES, UFUNCS, ReduceOp, check
+from ._allreduce import OP_CODES, UFUNCS, ReduceOp, check, shm_bytes
 from ._checks import Refused, check_out, check_root
 
 if TYPE_CHECKING:
@@ -40,6 +41,7 @@ __all__ = [
     "plan_reduce_scatter",
     "reduce_body",
     "reduce_scatter_body",
+    "shm_limit",
     "small_bytes",
     "unrunnable",
 ]
@@ -125,9 +127,24 @@ def small_bytes(world: World) -> int:
     return min(_decision.SMALL_REDUCE_SCATTER_BYTES, world.scratch.nbytes)
 
 
+def shm_limit(world: World) -> int:
+    """The largest input the shared-memory reduce_scatter and reduce take here (-1: no
+    shared segment): allreduce's, whose slot and reduction they share."""
+    return shm_bytes(world) if world.shm is not None else -1
+
+
 def unrunnable(collective: str, name: str, world: World, nbytes: int) -> str | None:
-    """Why the forced algorithm ``name`` cannot run this reduce_scatter(v) of ``nbytes``
-    here; None if it can."""
+    """Why the forced algorithm ``name`` cannot run this reduce_scatter(v) or reduce of
+    ``nbytes`` here; None if it can."""
+    if name == "shm":
+        if world.shm is None:
+            return f"the forced {collective} algorithm 'shm' needs the \"shm\" feature"
+        if nbytes > shm_bytes(world):
+            return (
+                f"the forced {collective} algorithm 'shm' takes arrays of at most "
+                f"{shm_bytes(world)} bytes here, not {nbytes}"
+            )
+        return None
     if name == "recursive_halving" and world.size > 1 and nbytes > world.scratch.nbytes:
         return (
             f"the forced {collective} algorithm 'recursive_halving' takes arrays of at most "
@@ -154,13 +171,14 @@ def reduce_scatter_body(
     reduce_op: ReduceOp,
 ) -> Callable[[OpSpec], Awaitable[None]]:
     """The Communicator's step that reduce-scatters ``flat`` into ``out`` by the algorithm
-    ``name`` (``"recursive_halving"`` or ``"ring"``), for reduce_scatter and reduce_scatterv
-    alike."""
-    algorithm = (
-        _algorithms.recursive_halving_reduce_scatter
-        if name == "recursive_halving"
-        else _algorithms.ring_reduce_scatter
-    )
+    ``name`` (``"shm"``, ``"recursive_halving"`` or ``"ring"``), for reduce_scatter and
+    reduce_scatterv alike."""
+    if name == "shm":
+        algorithm = _shm_collectives.shm_reduce_scatter
+    elif name == "recursive_halving":
+        algorithm = _algorithms.recursive_halving_reduce_scatter
+    else:
+        algorithm = _algorithms.ring_reduce_scatter
     ufunc, divide = UFUNCS[reduce_op], reduce_op is ReduceOp.MEAN
 
     async def run(spec: OpSpec) -> None:
@@ -173,9 +191,16 @@ def reduce_body(
     name: str, world: World, flat: np.ndarray, root: int, reduce_op: ReduceOp
 ) -> Callable[[OpSpec], Awaitable[None]]:
     """The Communicator's step that reduces ``flat`` into root's by the algorithm ``name``
-    (``"tree"`` or ``"reduce_scatter_gather"``, whose reduce-scatter is the one the
-    reduce_scatter row picks for ``flat``'s size, so that it runs at any size)."""
+    (``"shm"``, ``"tree"`` or ``"reduce_scatter_gather"``, whose reduce-scatter is the one
+    the reduce_scatter row picks for ``flat``'s size among the socket algorithms, so that it
+    runs at any size)."""
     ufunc, divide = UFUNCS[reduce_op], reduce_op is ReduceOp.MEAN
+    if name == "shm":
+
+        async def through_the_segment(spec: OpSpec) -> None:
+            await _shm_collectives.shm_reduce(world, spec, flat, root, ufunc, divide=divide)
+
+        return through_the_segment
     if name == "reduce_scatter_gather":
         halving = _decision.reduce_scatter(flat.nbytes, small_bytes(world)) != "ring"
 
@@ -222,7 +247,7 @@ def plan_reduce_scatter(
             array, counts, op, out, world.size, world.rank
         )
     if forced is None:
-        name = _decision.reduce_scatter(flat.nbytes, small_bytes(world))
+        name = _decision.reduce_scatter(flat.nbytes, small_bytes(world), shm_limit(world))
     elif (why := unrunnable(collective, forced, world, flat.nbytes)) is not None:
         raise Refused(why)
     else:
@@ -242,7 +267,12 @@ def plan_reduce(
 ) -> Plan[None]:
     """Everything reduce needs before any I/O, as :func:`plan_reduce_scatter`; or Refused."""
     flat, reduce_op, checked_root = check_reduce(array, op, root, world.size)
-    name = forced if forced is not None else _decision.reduce(flat.nbytes, world.size)
+    if forced is None:
+        name = _decision.reduce(flat.nbytes, world.size, shm_limit(world))
+    elif (why := unrunnable("reduce", forced, world, flat.nbytes)) is not None:
+        raise Refused(why)
+    else:
+        name = forced
     body = reduce_body(name, world, flat, checked_root, reduce_op)
     identity = {
         "dtype_code": DTYPE_CODES[flat.dtype],

@@ -185,6 +185,12 @@ class GatherMethods(CommunicatorCore):
         every other rank reads its block straight from the root's array after the header
         round, and the root returns once all have; a rank that has read its block returns
         at once. A list on the root always goes by the tree, even when ``"cma"`` is forced.
+        With a shared segment (``"shm"`` in :attr:`features`) the header round goes through
+        it instead of the sockets (every rank publishes its header, every rank merges them
+        all), and an array whose blocks fit the root's slot beside the header (about
+        ``SHM_MAX_BYTES`` in all) travels in the same publication: each rank copies its
+        block out of the root's slot, and nothing else is exchanged. That path is chosen by
+        size and cannot be forced: only the root knows the size before the header round.
 
         Raises:
             InvalidArgumentError: on the root, bad ``blocks`` (not ``world_size`` rows or

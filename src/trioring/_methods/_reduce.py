@@ -47,7 +47,11 @@ class ReduceMethods(CommunicatorCore):
         ``x_j op (x_(j-1) op (... op x_(j+1)))`` (ranks mod n). A mean divides the reduction
         by ``world_size`` once, in the dtype.
 
-        Algorithm: up to ``SMALL_REDUCE_SCATTER_BYTES`` (and one chunk), recursive halving:
+        Algorithm: on one host with a shared segment (``"shm"`` in :attr:`features`), an
+        input of up to :meth:`allreduce`'s share of the segment (at most ``SHM_MAX_BYTES``)
+        goes through it: every rank publishes its input, then reduces its own block of every
+        rank's in the order of the shared-memory allreduce (recursive doubling's tree over
+        the ranks). Otherwise, up to ``SMALL_REDUCE_SCATTER_BYTES`` (and one chunk), recursive halving:
         ``log2 p`` exchanges of halves of the array (p the largest power of two <= n, and two
         more steps when n is not one), in an order fixed by n (see the algorithms page);
         scratch: a copy of the array. Above, ring reduce-scatter: n-1 steps, each rank
@@ -119,6 +123,11 @@ class ReduceMethods(CommunicatorCore):
           virtual ranks ``v = (rank - root) mod n``, each rank reduces its own array with
           its children's partial results, ``((x_v op P_(v+1)) op P_(v+2)) op P_(v+4)
           ...``; the root divides a mean by ``world_size`` once.
+        - through the shared segment (on one host, with ``"shm"`` in :attr:`features`, up
+          to :meth:`allreduce`'s share of the segment): every rank publishes its array and
+          the root reduces them all in the shared-memory allreduce's order (recursive
+          doubling's tree over the ranks, bitwise :meth:`allreduce`'s result); the root
+          divides a mean once.
         - by reduce-scatter + gather (above): the array is cut into ``world_size`` blocks
           (block ``j``: elements ``[j * size // n, (j + 1) * size // n)``), each reduced as
           :meth:`reduce_scatter` reduces it (by the ring, ``x_j op (x_(j-1) op (... op
@@ -127,7 +136,8 @@ class ReduceMethods(CommunicatorCore):
           the tree's, and a float result may differ from the tree's in the last bits. A
           mean is divided once, by the rank that finishes each block.
 
-        Algorithm: up to ``SMALL_REDUCE_BYTES`` (or at world 2), a dissemination round of
+        Algorithm: the shared segment where it applies (above). Otherwise, up to
+        ``SMALL_REDUCE_BYTES`` (or at world 2), a dissemination round of
         tokens carrying the call's identity (as in :meth:`broadcast`), then a binomial tree
         reduce, chunk by chunk: ``ceil(log2 n)`` hops, the root receiving ``ceil(log2 n)``
         arrays; scratch: two chunks. Above (Rabenseifner's algorithm), a reduce-scatter

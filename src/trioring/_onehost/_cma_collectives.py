@@ -11,6 +11,7 @@ import trio
 
 from .._algorithms import World, chunks
 from .._concurrency import run_concurrently
+from .._util import ignore_fp_errors
 from . import _cma
 
 if TYPE_CHECKING:
@@ -110,7 +111,7 @@ async def cma_allreduce(
     scratch = world.scratch[: chunk * itemsize].view(flat.dtype)
     lo, hi = bounds[r], bounds[r + 1]
     # Overflow to inf is a valid result, as in ring_allreduce.
-    with np.errstate(all="ignore"):
+    with ignore_fp_errors():
         for peer in peers:
             link = world.links[peer]
             await link.recv(spec, 0, memoryview(announce))

@@ -12,6 +12,7 @@ import numpy as np
 import trio
 
 from .._framing import SPIN_SLICE_SECONDS
+from .._util import ignore_fp_errors
 from .._wire import pack_data_header
 from ._shm import BROKEN
 
@@ -26,7 +27,10 @@ __all__ = [
     "shm_broadcast",
     "shm_claim",
     "shm_done",
+    "shm_exchange",
     "shm_publish",
+    "shm_reduce",
+    "shm_reduce_scatter",
     "shm_wait",
 ]
 
@@ -112,6 +116,19 @@ async def _shm_poll(world: World, spec: OpSpec, late: list[int], target: int = 0
     seq, seqs = target or spec.seq, slots.seqs
     any_link = next(iter(world.links.values()))
     waits = any_link.waits
+    if not slots.oversubscribed:
+        # The first look is the call's schedule point (which it owes anyway: _run skips its
+        # own once a wait has counted), taken now, while the peers catch up, instead of
+        # after the collective. With more ranks than cores the peer we wait for may need
+        # this very core, so there the first look yields it instead (see SharedSlots).
+        waits.count += 1
+        _shm_waiting(world, spec, late)
+        await trio.lowlevel.checkpoint()
+        world.shm_waiting = None
+        _shm_check_open(world, spec)
+        late = [word for word in late if seqs[word] < seq]
+        if not late:
+            return
     start = time.perf_counter()
     deadline = start + max(SHM_SPIN_SECONDS, any_link.spin_seconds)
     slice_end = start + SPIN_SLICE_SECONDS
@@ -189,6 +206,22 @@ async def _shm_check_links(world: World, spec: OpSpec, late: list[int], target: 
     raise link.protocol_error(spec, "sent a frame during a shared-memory collective")
 
 
+async def shm_exchange(world: World, spec: OpSpec, flat: np.ndarray) -> tuple[int, np.ndarray]:
+    """Publish ``flat`` (at most a slot) as this rank's part of ``spec``'s call and wait for
+    every peer's: the first half of every collective in which all ranks write their slot.
+    Returns the slot parity and every rank's payload as ``(n, flat.size)`` rows; the caller
+    reads what it needs, then calls :func:`shm_done`."""
+    slots = world.shm
+    assert slots is not None
+    parity = spec.seq & 1
+    rows = slots.rows(parity, flat.dtype, flat.shape[0])
+    await shm_claim(world, spec)
+    rows[world.rank] = flat
+    shm_publish(world, spec, flat.nbytes)
+    await shm_wait(world, spec)
+    return parity, rows
+
+
 async def shm_barrier(world: World, spec: OpSpec) -> None:
     """:func:`barrier` through the shared segment: publish, wait for all."""
     await shm_claim(world, spec)
@@ -214,53 +247,65 @@ async def shm_broadcast(world: World, spec: OpSpec, flat: np.ndarray, root: int)
     shm_done(world, spec)
 
 
+#: One step of a shared-memory reduction: ``reduce(a, b, out=out)``, where an ``out`` of
+#: None stands for the caller's array (which differs from call to call; the plan is cached).
+_Step = tuple["np.ndarray", "np.ndarray", "np.ndarray | None"]
+
+
 @final
 @attrs.frozen
 class ReducePlan:
-    """The views one shared-memory allreduce of a given slot, dtype and length works with,
-    made once (see :func:`shm_allreduce`)."""
+    """The steps of one shared-memory allreduce of a given slot, dtype and length, with the
+    views they work on, made once (see :func:`shm_allreduce`)."""
 
-    #: (source, destination) of the leaves that are not folded (non-power-of-two worlds).
-    fill: tuple[np.ndarray, np.ndarray] | None
-    #: (a, b, out) of each level but the last.
-    steps: tuple[tuple[np.ndarray, np.ndarray, np.ndarray], ...]
-    #: The last level's two operands, reduced into the caller's array.
-    last: tuple[np.ndarray, np.ndarray]
+    steps: tuple[_Step, ...]
+
+
+def reduce_temporaries(world_size: int) -> int:
+    """How many arrays of scratch the reduction of :func:`_reduce_plan` needs at most: two
+    per level of the tree below the root, ``2 log2 p``, ``p`` the largest power of two <=
+    ``world_size``."""
+    return max(1, 2 * (world_size.bit_length() - 1))
 
 
 def _reduce_plan(world: World, rows: np.ndarray) -> ReducePlan:
     """Recursive doubling's order of operations over the ``(n, count)`` slot rows: leaf r is
-    ``reduce(row r, row r + p)`` for the ranks folded in, then neighbours pair up, lower
-    first, level by level. Intermediate levels alternate between two halves of scratch."""
+    ``reduce(row r, row r + p)`` for the ranks folded in (``r < n - p``, ``p`` the largest
+    power of two <= n) and row r otherwise, then neighbours pair up, lower first, level by
+    level: the tree whose result the socket path's every rank ends with. Evaluated depth
+    first, each node's halves into the two scratch arrays of the level below it, so it
+    needs :func:`reduce_temporaries` arrays of scratch rather than a whole level's worth.
+    No step works in place: numpy's in-place loop for one complex element rounds
+    differently from its out-of-place one (seen with complex64 products), and the socket
+    path never reduces one element in place."""
     n, count = rows.shape
-    itemsize = rows.dtype.itemsize
+    nbytes = count * rows.dtype.itemsize
     p = 1 << (n.bit_length() - 1)
     extra = n - p
-    half = p * count * itemsize
+    temporaries = [
+        world.scratch[i * nbytes : (i + 1) * nbytes].view(rows.dtype)
+        for i in range(reduce_temporaries(n))
+    ]
+    steps: list[_Step] = []
 
-    def scratch(index: int, size: int) -> np.ndarray:
-        start = index * half
-        return (
-            world.scratch[start : start + size * count * itemsize]
-            .view(rows.dtype)
-            .reshape(size, count)
-        )
+    def build(lo: int, size: int, dest: np.ndarray | None, level: int) -> np.ndarray | None:
+        if size == 1:
+            if lo < extra:
+                steps.append((rows[lo], rows[lo + p], dest))
+                return dest
+            row: np.ndarray = rows[lo]
+            return row
+        half = size // 2
+        left = build(lo, half, temporaries[2 * level], level + 1)
+        right = build(lo + half, half, temporaries[2 * level + 1], level + 1)
+        # Only the root's result is None (the caller's array).
+        assert left is not None
+        assert right is not None
+        steps.append((left, right, dest))
+        return dest
 
-    fill = None
-    steps = []
-    level, index = rows, 0
-    if extra:
-        level = scratch(index, p)
-        steps.append((rows[:extra], rows[p:], level[:extra]))
-        fill = (rows[extra:p], level[extra:])
-        index = 1
-    size = p
-    while size > 2:
-        size //= 2
-        out = scratch(index, size)
-        steps.append((level[0 : 2 * size : 2], level[1 : 2 * size : 2], out))
-        level, index = out, 1 - index
-    return ReducePlan(fill, tuple(steps), (level[0], level[1]))
+    build(0, p, None, 0)
+    return ReducePlan(tuple(steps))
 
 
 async def shm_allreduce(
@@ -273,28 +318,69 @@ async def shm_allreduce(
 ) -> None:
     """Allreduce through the shared segment: every rank publishes its array, then reduces
     all of them in recursive doubling's order (see :func:`_reduce_plan`), so the result is
-    bitwise identical on every rank, and to the socket path's. Needs ``2 p`` arrays' worth of
-    scratch, ``p`` the largest power of two <= n."""
-    slots = world.shm
-    assert slots is not None
-    parity = spec.seq & 1
-    rows = slots.rows(parity, flat.dtype, flat.shape[0])
-    await shm_claim(world, spec)
-    rows[world.rank] = flat
-    shm_publish(world, spec, flat.nbytes)
-    await shm_wait(world, spec)
-    key = (parity, flat.dtype, flat.shape[0])
+    bitwise identical on every rank, and to the socket path's. Needs
+    :func:`reduce_temporaries` arrays' worth of scratch."""
+    parity, rows = await shm_exchange(world, spec, flat)
+    _reduce_rows(world, (parity, flat.dtype, 0, flat.shape[0]), rows, flat, reduce, divide)
+    shm_done(world, spec)
+
+
+def _reduce_rows(
+    world: World,
+    key: tuple[int, np.dtype, int, int],
+    rows: np.ndarray,
+    out: np.ndarray,
+    reduce: np.ufunc,
+    divide: bool,
+) -> None:
+    """Reduce the ``(n, count)`` ``rows`` (slot rows, or a range of their columns) into
+    ``out`` by the cached plan ``key`` names (slot parity, dtype, first and end column)."""
     plan = world.shm_plans.get(key)
     if plan is None:
         if len(world.shm_plans) >= 8:
             world.shm_plans.clear()
         plan = world.shm_plans[key] = _reduce_plan(world, rows)
-    with np.errstate(all="ignore"):
-        if plan.fill is not None:
-            plan.fill[1][...] = plan.fill[0]
-        for a, b, out in plan.steps:
-            reduce(a, b, out=out)
-        reduce(*plan.last, out=flat)
+    with ignore_fp_errors():
+        for a, b, into in plan.steps:
+            reduce(a, b, out=out if into is None else into)
         if divide:
-            np.divide(flat, world.size, out=flat)
+            np.divide(out, world.size, out=out)
+
+
+async def shm_reduce_scatter(
+    world: World,
+    spec: OpSpec,
+    flat: np.ndarray,
+    bounds: list[int],
+    out: np.ndarray,
+    reduce: np.ufunc,
+    *,
+    divide: bool,
+) -> None:
+    """Reduce-scatter through the shared segment: every rank publishes its whole input,
+    then reduces its own block ``[bounds[r], bounds[r + 1])`` of every rank's, in the order
+    of :func:`_reduce_plan`, into ``out``. Blocks may differ in size (reduce_scatterv)."""
+    parity, rows = await shm_exchange(world, spec, flat)
+    lo, hi = bounds[world.rank], bounds[world.rank + 1]
+    if world.size == 1:
+        out[...] = flat[lo:hi]
+    _reduce_rows(world, (parity, flat.dtype, lo, hi), rows[:, lo:hi], out, reduce, divide)
+    shm_done(world, spec)
+
+
+async def shm_reduce(
+    world: World,
+    spec: OpSpec,
+    flat: np.ndarray,
+    root: int,
+    reduce: np.ufunc,
+    *,
+    divide: bool,
+) -> None:
+    """Reduce through the shared segment: every rank publishes its array (and the call, so
+    ranks that disagree about the root raise on every rank), the root reduces them all in
+    the order of :func:`_reduce_plan` into its ``flat``; the others' arrays are only read."""
+    parity, rows = await shm_exchange(world, spec, flat)
+    if world.rank == root:
+        _reduce_rows(world, (parity, flat.dtype, 0, flat.shape[0]), rows, flat, reduce, divide)
     shm_done(world, spec)
