@@ -134,6 +134,10 @@ class OpSpec:
             # The root field carries a CRC of the counts (see _collectives._reduce).
             args.append(f"counts #{self.root:08x}")
         head = f"{label}({', '.join(args)})" if args else label
+        if not self.dtype_code and not self.count:
+            # A call whose dtype is not known yet (a scatter's header round, which goes
+            # through the shared segment as the call itself).
+            return f"{head} #{self.seq}"
         if 0 < self.dtype_code <= len(DTYPES):
             dtype = DTYPES[self.dtype_code - 1].name
         else:
