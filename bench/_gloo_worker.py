@@ -12,21 +12,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 import torch.distributed as dist
+from _harness import iterations, warmup_iterations
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-
-
-def iterations(size: int) -> int:
-    if size <= 64 * 1024:
-        return 200
-    if size <= 4 * 1024**2:
-        return 40
-    return 10
-
-
-def warmup_iterations(count: int) -> int:
-    return max(3, count // 5)  # as trioring bench (trioring/_bench.py)
 
 
 def prepare(collective: str, count: int, rank: int, n: int) -> tuple[int, Callable[[], None]]:

@@ -29,26 +29,11 @@ import mpi4py
 mpi4py.rc.thread_level = "single"
 
 import numpy as np  # noqa: E402
+from _harness import iterations, warmup_iterations  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-
-# Iteration counts and warm-up as trioring bench's (trioring/_bench.py) and the Gloo
-# worker's; copied, so that the peers' harnesses do not load the library they are compared
-# with.
-
-
-def iterations(size: int) -> int:
-    if size <= 64 * 1024:
-        return 200
-    if size <= 4 * 1024**2:
-        return 40
-    return 10
-
-
-def warmup_iterations(count: int) -> int:
-    return max(3, count // 5)
 
 
 def rows(n: int, k: int) -> np.ndarray:

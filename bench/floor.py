@@ -40,11 +40,10 @@ LINE = 64
 STOP = 8 * LINE
 
 
-def rank_lean(page: mmap.mmap, r: int, n: int, calls: int, payload: bool, seconds: float) -> array:
-    """Rank ``r``'s loop, with plain ints: counters at word 0 of each rank's line, the two
-    value slots at int32 4 and 5 (bytes 16 and 20)."""
-    q = memoryview(page).cast("Q")
-    v = memoryview(page).cast("i")
+def rank_loop(q, v, r: int, n: int, calls: int, payload: bool, seconds: float) -> array:
+    """Rank ``r``'s loop over the page, seen as uint64 words ``q`` and int32 words ``v``
+    (memoryviews or numpy arrays: the only difference between the variants): counters at
+    word 0 of each rank's line, the two value slots at int32 4 and 5 (bytes 16 and 20)."""
     mine, stop_at = r * LINE // 8, STOP // 8
     counters = [p * LINE // 8 for p in range(n) if p != r]
     values = [p * LINE // 4 + 4 for p in range(n)]
@@ -52,7 +51,7 @@ def rank_lean(page: mmap.mmap, r: int, n: int, calls: int, payload: bool, second
     times = array("d", bytes(8 * calls))
     value = r + 1
     deadline = clock() + seconds
-    c = 0
+    c = total = 0
     while c < calls and c < q[stop_at]:
         start = clock()
         c += 1
@@ -71,42 +70,23 @@ def rank_lean(page: mmap.mmap, r: int, n: int, calls: int, payload: bool, second
             q[stop_at] = c + 1  # everyone makes call c + 1, then stops
     if payload and total != n * (n + 1) // 2:
         raise SystemExit(f"rank {r}: sum {total}, expected {n * (n + 1) // 2}")
-    del q, v
     return times[:c]
+
+
+def rank_lean(page: mmap.mmap, r: int, n: int, calls: int, payload: bool, seconds: float) -> array:
+    """The loop with plain ints, through ``memoryview.cast``."""
+    q, v = memoryview(page).cast("Q"), memoryview(page).cast("i")
+    try:
+        return rank_loop(q, v, r, n, calls, payload, seconds)
+    finally:
+        q.release()
+        v.release()
 
 
 def rank_numpy(page: mmap.mmap, r: int, n: int, calls: int, payload: bool, seconds: float) -> array:
     """The same loop through numpy arrays over the page, indexed one element at a time."""
-    q = np.frombuffer(page, dtype=np.uint64)
-    v = np.frombuffer(page, dtype=np.int32)
-    mine, stop_at = r * LINE // 8, STOP // 8
-    counters = [p * LINE // 8 for p in range(n) if p != r]
-    values = [p * LINE // 4 + 4 for p in range(n)]
-    yield_, clock = os.sched_yield, time.perf_counter
-    times = array("d", bytes(8 * calls))
-    value = r + 1
-    deadline = clock() + seconds
-    c = 0
-    while c < calls and c < q[stop_at]:
-        start = clock()
-        c += 1
-        if payload:
-            v[values[r] + (c & 1)] = value
-        q[mine] = c
-        for counter in counters:
-            while q[counter] < c:
-                yield_()
-        if payload:
-            total = v[values[0] + (c & 1)]
-            for slot in values[1:]:
-                total += v[slot + (c & 1)]
-        times[c - 1] = clock() - start
-        if r == 0 and start > deadline and q[stop_at] > c + 1:
-            q[stop_at] = c + 1
-    if payload and total != n * (n + 1) // 2:
-        raise SystemExit(f"rank {r}: sum {total}, expected {n * (n + 1) // 2}")
-    del q, v
-    return times[:c]
+    q, v = np.frombuffer(page, dtype=np.uint64), np.frombuffer(page, dtype=np.int32)
+    return rank_loop(q, v, r, n, calls, payload, seconds)
 
 
 VARIANTS = {
