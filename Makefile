@@ -78,7 +78,11 @@ $(call INSTALL_STAMP,dev): pyproject.toml $(VENV_STAMP)
 demo: $(call INSTALL_STAMP,base)
 	$(BIN)/trioring run -n 4 examples/demo.py
 
+# The suite starts thousands of Python processes. Where PYTHONDONTWRITEBYTECODE is set (as
+# in many CI images and containers) each one would compile trioring's sources afresh: 0.11 s
+# of the 0.54 s that `import trioring` took here. Compiled once up front, they are only read.
 test: $(call INSTALL_STAMP,test) $(SYSTEM_STAMP)
+	$(BIN)/python -m compileall -q src tests examples >/dev/null
 	$(BIN)/python -m pytest
 
 lint: $(call INSTALL_STAMP,dev)

@@ -80,6 +80,25 @@ def test_mismatch_raises_on_every_rank(worlds: Worlds, other: str) -> None:
     assert any(error_of(r, "mismatched")["type"] == "CollectiveMismatchError" for r in reports)
 
 
+def test_a_peer_that_gave_up_after_a_call_completed_it(worlds: Worlds) -> None:
+    """Rank 1 finishes a barrier, then gives up (cancelled) in an allreduce, while rank 0 has
+    not looked at the segment since it published the barrier. Rank 0's barrier completed
+    (both ranks published it, and rank 1 saw that), so it returns; its allreduce, which rank
+    1 published but gave up in, raises, naming rank 1 and the cancellation. (Found by CI:
+    the mismatch test above, with a rank descheduled at the wrong moment, raised in its
+    agreed barrier.)"""
+    world = worlds.start(SCRIPT, "gave_up_later", world_size=2, mode="unix-dir")
+    first, second = world.finish()
+    for report in (first, second):
+        assert report["steps"]["barrier"]["error"] is None, report["steps"]["barrier"]
+    assert second["steps"]["next"]["error"] is None  # move_on_after caught the Cancelled
+    assert second["broken"] is True
+    error = error_of(first, "next")
+    assert error["type"] == "PeerAbortedError", error
+    assert error["peer"] == 1, error
+    assert error["reason"] == "cancelled", error
+
+
 def test_close_from_another_task_ends_a_wait(worlds: Worlds) -> None:
     world = worlds.start(SCRIPT, "closed", world_size=2, mode="unix-dir")
     report = world.finish()[0]

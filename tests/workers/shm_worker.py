@@ -11,17 +11,22 @@
   rank 0 waits in it (a wait on the segment that held the thread would hang this).
 - ``mismatch``: rank 1 calls ARG (``barrier`` or ``large``: an allreduce too large for the
   segment) where the others allreduce 4 bytes; every rank records its error.
+- ``gave_up_later``: rank 0 publishes a barrier and then holds its thread (it cannot look at
+  the segment) while rank 1 finishes that barrier and gives up in the next call (cancelled):
+  rank 0's barrier must still complete, and its allreduce raise.
 - ``closed``: rank 0 waits in a barrier (rank 1 never comes) while another task closes the
   communicator.
 """
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 import _worker_util
 import numpy as np
 import trio
+import trio.testing
 
 if TYPE_CHECKING:
     from _worker_util import Reporter
@@ -148,6 +153,49 @@ async def scenario_mismatch(
     reporter.report.update(features=sorted(comm.features))
 
 
+async def scenario_gave_up_later(
+    reporter: Reporter, comm: trioring.Communicator, args: list[str]
+) -> None:
+    if comm.rank == 1:
+
+        async def later_barrier() -> None:
+            await reporter.wait_for("w0.holding")
+            await comm.barrier()
+
+        async def cancelled() -> None:
+            # Rank 0 holds its thread until this rank has given up: the allreduce cannot
+            # finish, and its deadline is what gives up.
+            with trio.move_on_after(WAIT_S):
+                await comm.allreduce(np.ones(1, np.float32))
+
+        await reporter.step("barrier", later_barrier, hang_after=HANG_S)
+        await reporter.step("next", cancelled, hang_after=HANG_S)
+        reporter.report.update(broken=comm.broken)
+        reporter.mark("gave_up")
+        return
+
+    async def hold_once_parked() -> None:
+        # Once the barrier waits parked, it has published and not seen rank 1 (which has not
+        # come yet): hold the thread, as a descheduled process would, until rank 1 is gone.
+        await trio.testing.wait_all_tasks_blocked()
+        reporter.mark("holding")
+        given_up = reporter.out_dir / "w1.gave_up"
+        deadline = time.monotonic() + HANG_S
+        while not given_up.exists() and time.monotonic() < deadline:
+            time.sleep(_worker_util.POLL_S)  # noqa: ASYNC251 - holding the thread is the point
+
+    async def barrier_while_held() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(hold_once_parked)
+            await comm.barrier()
+
+    async def next_call() -> None:
+        await comm.allreduce(np.ones(1, np.float32))
+
+    await reporter.step("barrier", barrier_while_held, hang_after=HANG_S)
+    await reporter.step("next", next_call, hang_after=HANG_S)
+
+
 async def scenario_closed(reporter: Reporter, comm: trioring.Communicator, args: list[str]) -> None:
     if comm.rank != 0:
         with trio.fail_after(HANG_S):
@@ -184,6 +232,7 @@ if __name__ == "__main__":
             "late": scenario_late,
             "busy": scenario_busy,
             "mismatch": scenario_mismatch,
+            "gave_up_later": scenario_gave_up_later,
             "closed": scenario_closed,
         }
     )

@@ -10,7 +10,8 @@ One segment per communicator, created by rank 0 (``memfd_create``: it has no nam
 cannot leak past the processes that map it) and handed to every peer over its Unix
 connection (``SCM_RIGHTS``) when the communicator opens. Layout, for ``n`` ranks::
 
-    n sequence words, one per 64-byte line          (rank r publishes seq in line r)
+    n sequence words, one per 64-byte line          (rank r publishes seq in line r;
+                                                     its done and last words follow)
     2 x n slots of SLOT_BYTES (parity of seq, rank)  (48-byte frame header, then payload)
 
 Rank r publishes collective ``s`` by writing its payload and the frame header that names
@@ -134,6 +135,9 @@ class SharedSlots:
         #: once it has finished reading the slots of collective ``s``.
         self.own_done = self.own_word + 1
         self.peer_done = [word + 1 for word in self.peer_words]
+        #: The third word of the line: the last collective a rank had finished on the
+        #: segment (its done word) when it gave up (see :meth:`mark_broken`).
+        self.own_finished = self.own_word + 2
         #: Whether this host has fewer cores (that this process may run on) than the
         #: communicator has ranks. Then a wait yields the CPU before anything else, since
         #: the peer it waits for may be waiting for this core: at world 4 on 2 cores a
@@ -168,10 +172,18 @@ class SharedSlots:
 
     def mark_broken(self) -> None:
         """Tell peers that this rank gave up: a peer that finds this instead of a sequence
-        number looks for the abort frame on the connection (see _shm_collectives.shm_wait)."""
-        if not self.closed:
-            self.seqs[self.own_done] = BROKEN
-            self.seqs[self.own_word] = BROKEN
+        number looks for the abort frame on the connection (see _shm_collectives.shm_wait).
+
+        The last collective this rank finished stays readable beside it: a slow peer may
+        still be waiting in it, having published it but not yet looked again, and there it
+        has completed (this rank saw every rank's publication, and the slots are not written
+        again), so the peer must not raise in it. A collective this rank gave up in, even one
+        it had published, raises on every peer that waits in it."""
+        seqs = self.seqs
+        if not self.closed and seqs[self.own_word] != BROKEN:
+            seqs[self.own_finished] = seqs[self.own_done]
+            seqs[self.own_done] = BROKEN
+            seqs[self.own_word] = BROKEN
 
     def close(self) -> None:
         """Stop using the segment. A wait parked on the connections' epoll set sees the set

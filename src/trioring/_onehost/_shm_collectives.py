@@ -98,10 +98,11 @@ async def shm_wait(world: World, spec: OpSpec) -> None:
     headers = slots.headers[seq & 1]
     mine = headers[world.rank]
     for peer, word in zip(slots.peers, slots.peer_words, strict=True):
-        if seqs[word] == BROKEN:
-            # It gave up (cancelled, or failed elsewhere) after or instead of publishing:
-            # its abort frame says why. Completing with it would hide that until the next
-            # call, and a peer that gave up before we arrived may not have published at all.
+        if seqs[word] == BROKEN and seqs[word + 2] < seq:
+            # It gave up (cancelled, or failed elsewhere) in this call or before it: its
+            # abort frame says why. One that finished this call and gave up in a later one
+            # (we were slow to look) saw it complete, and so do we: its slot stands, and its
+            # later call's error reaches us in our next one.
             link = world.links[peer]
             await link.recv(spec, 0, memoryview(b""))
             raise link.protocol_error(spec, "gave up on the shared segment but sent no reason")
