@@ -11,7 +11,7 @@ cannot leak past the processes that map it) and handed to every peer over its Un
 connection (``SCM_RIGHTS``) when the communicator opens. Layout, for ``n`` ranks::
 
     n sequence words, one per 64-byte line          (rank r publishes seq in line r;
-                                                     its done and last words follow)
+                                                     its done and finished words follow)
     2 x n slots of SLOT_BYTES (parity of seq, rank)  (48-byte frame header, then payload)
 
 Rank r publishes collective ``s`` by writing its payload and the frame header that names
@@ -53,6 +53,7 @@ import trio
 
 __all__ = [
     "BROKEN",
+    "FINISHED",
     "LINE",
     "SHM_MAX_BYTES",
     "SLOT_BYTES",
@@ -77,6 +78,8 @@ LINE = 64
 SLOT_BYTES = LINE + SHM_MAX_BYTES
 #: What a rank that gave up writes over its sequence number.
 BROKEN = 2**64 - 1
+#: Where a rank's *finished* word is in its line, from its sequence word.
+FINISHED = 2
 _PAYLOAD_AT = LINE
 
 
@@ -137,7 +140,7 @@ class SharedSlots:
         self.peer_done = [word + 1 for word in self.peer_words]
         #: The third word of the line: the last collective a rank had finished on the
         #: segment (its done word) when it gave up (see :meth:`mark_broken`).
-        self.own_finished = self.own_word + 2
+        self.own_finished = self.own_word + FINISHED
         #: Whether this host has fewer cores (that this process may run on) than the
         #: communicator has ranks. Then a wait yields the CPU before anything else, since
         #: the peer it waits for may be waiting for this core: at world 4 on 2 cores a

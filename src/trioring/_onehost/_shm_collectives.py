@@ -14,7 +14,7 @@ import trio
 from .._framing import SPIN_SLICE_SECONDS
 from .._util import ignore_fp_errors
 from .._wire import pack_data_header
-from ._shm import BROKEN
+from ._shm import BROKEN, FINISHED
 
 if TYPE_CHECKING:
     from .._algorithms import World
@@ -98,7 +98,7 @@ async def shm_wait(world: World, spec: OpSpec) -> None:
     headers = slots.headers[seq & 1]
     mine = headers[world.rank]
     for peer, word in zip(slots.peers, slots.peer_words, strict=True):
-        if seqs[word] == BROKEN and seqs[word + 2] < seq:
+        if seqs[word] == BROKEN and seqs[word + FINISHED] < seq:
             # It gave up (cancelled, or failed elsewhere) in this call or before it: its
             # abort frame says why. One that finished this call and gave up in a later one
             # (we were slow to look) saw it complete, and so do we: its slot stands, and its
