@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import enum
 import struct
-from typing import final
+from typing import NamedTuple
 
-import attrs
 import numpy as np
 
 from ._errors import (
@@ -67,7 +66,11 @@ class Kind(enum.IntEnum):
 
     @property
     def label(self) -> str:
-        return self.name.lower()
+        # Looked up, not worked out: Enum.name is a descriptor, and every call asks.
+        return _LABELS[self]
+
+
+_LABELS = {kind: kind.name.lower() for kind in Kind}
 
 
 class AbortKind(enum.IntEnum):
@@ -108,15 +111,19 @@ _WITH_OP = frozenset(("allreduce", "reduce_scatter", "reduce", "scan", "exscan")
 _WITH_ROOT = frozenset(("broadcast", "reduce", "gather", "gatherv", "scatter", "scatterv"))
 
 
-@final
-@attrs.frozen
-class OpSpec:
-    """The identity of one collective call, as every frame of it carries."""
+class OpSpec(NamedTuple):
+    """The identity of one collective call, as every frame of it carries. Immutable; make a
+    variant with ``spec._replace(count=...)``.
+
+    A NamedTuple rather than an ``attrs.frozen`` class: every collective call makes one,
+    and a frozen attrs instance took 0.52 us to make (a ``setattr`` per field) against 0.27
+    for the tuple, measured in a loop; on the shared segment's 4-byte allreduce, which costs
+    11-14 us at world 2, making it measured 0.9-1.4 us."""
 
     kind: Kind
     seq: int
     dtype_code: int = 0
-    count: int = 0
+    count: int = 0  # type: ignore[assignment]  # shadows tuple.count, which nothing here uses
     op_code: int = 0
     root: int = NO_ROOT
 

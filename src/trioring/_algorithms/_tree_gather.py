@@ -174,7 +174,7 @@ async def disseminate(
     n, r = world.size, world.rank
     if n == 1:
         return
-    token = attrs.evolve(spec, dtype_code=DTYPE_CODES[_INT64], count=state.shape[0])
+    token = spec._replace(dtype_code=DTYPE_CODES[_INT64], count=state.shape[0])
     outgoing = np.empty_like(state)
     incoming = np.empty_like(state)
     distance, round_ = 1, 0
@@ -323,7 +323,7 @@ async def tree_scatterv(
     shape_code = DTYPE_CODES[_INT64]
 
     def shapes_spec(ranks: int) -> OpSpec:
-        return attrs.evolve(spec, dtype_code=shape_code, count=ranks * ndim)
+        return spec._replace(dtype_code=shape_code, count=ranks * ndim)
 
     if node.parent is None:
         assert shapes is not None
@@ -343,7 +343,7 @@ async def tree_scatterv(
     local = [math.prod(int(d) for d in row) for row in local_shapes]
 
     def edge(total: int) -> OpSpec:
-        return attrs.evolve(spec, count=total)
+        return spec._replace(count=total)
 
     await _scatter(world, node, local, edge, edge(sum(local)), parts, result, root)
 

@@ -100,17 +100,21 @@ async def shm_disseminate(
     slots = world.shm
     assert slots is not None
     r, nbytes = world.rank, state.nbytes
-    rows = slots.rows(spec.seq & 1, np.dtype(np.uint8), SHM_MAX_BYTES)
+    rows = slots.rows(spec.seq & 1, _BYTES, SHM_MAX_BYTES)
+    states = rows[:, :nbytes].view(np.int64)
     await shm_claim(world, spec)
-    rows[r, :nbytes] = state.view(np.uint8)
+    states[r] = state
     if payload is not None:
         rows[r, nbytes : nbytes + payload.nbytes] = payload.view(np.uint8)
     shm_publish(world, spec, nbytes)
     await shm_wait(world, spec)
     for q in range(world.size):
         if q != r:
-            merge(state, rows[q, :nbytes].view(np.int64))
+            merge(state, states[q])
     return rows
+
+
+_BYTES = np.dtype(np.uint8)
 
 
 # -- cross-memory attach ----------------------------------------------------------------------
