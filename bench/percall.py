@@ -1,0 +1,122 @@
+"""Where one small allreduce's time goes on the shared segment: run under the launcher,
+
+    .venv/bin/trioring run -n 2 --tag-output bench/percall.py [--size 1] [--calls 20000]
+
+Part 1, a ladder of depths, back-to-back calls, median of 5 rounds, per rank (µs per call):
+``public`` is ``comm.allreduce``; ``run`` the communicator's call machinery around the
+algorithm (sequence number, identity, the busy and broken rules); ``algo`` the
+shared-segment algorithm alone, plus the schedule point the call owes when it did not wait;
+``bare`` a Trio checkpoint loop, the floor under all three.
+
+Part 2, timers at the phase boundaries of the algorithm (the same steps as
+``shm_allreduce``, written out), summed over the calls, per rank.
+
+It reaches into trioring's internals (``comm._world``, ``comm._seq``) to time the layers
+apart; every call still goes through the segment's real protocol, so the ranks stay in step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import numpy as np
+import trio
+
+import trioring
+from trioring._collectives import _allreduce
+from trioring._onehost import _shm_collectives as shm
+from trioring._wire import DTYPE_CODES, Kind, OpSpec
+
+
+async def main(size: int, calls: int) -> None:
+    async with trioring.open_communicator() as comm:
+        world = comm._world
+        if world.shm is None:
+            raise SystemExit("percall.py needs the shared segment (the 'shm' feature)")
+        x = np.ones(size, np.float32)
+        code = DTYPE_CODES[x.dtype]
+
+        async def public() -> None:
+            for _ in range(calls):
+                await comm.allreduce(x)
+
+        async def run() -> None:
+            for _ in range(calls):
+                body = _allreduce.body("shm", world, x, np.add, False)
+                await comm._run(Kind.ALLREDUCE, body, dtype_code=code, count=size, op_code=1)
+
+        async def algo() -> None:
+            for _ in range(calls):
+                comm._seq += 1
+                waits = comm._waits.count
+                spec = OpSpec(Kind.ALLREDUCE, comm._seq, code, size, 1)
+                await shm.shm_allreduce(world, spec, x, np.add, divide=False)
+                if comm._waits.count == waits:
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+
+        async def bare() -> None:
+            for _ in range(calls):
+                await trio.lowlevel.cancel_shielded_checkpoint()
+
+        ladder: dict[str, list[float]] = {"public": [], "run": [], "algo": [], "bare": []}
+        steps = {"public": public, "run": run, "algo": algo, "bare": bare}
+        for _ in range(5):
+            for name, step in steps.items():
+                await comm.barrier()
+                start = time.perf_counter()
+                await step()
+                ladder[name].append((time.perf_counter() - start) / calls * 1e6)
+        print(
+            f"rank {comm.rank}: ladder (us per call, {size} float32): "
+            + "  ".join(f"{name} {statistics.median(v):.1f}" for name, v in ladder.items()),
+            flush=True,
+        )
+
+        names = ("identity", "slot+claim", "write", "publish", "wait", "reduce", "checkpoint")
+        sums = [0] * len(names)
+        clock = time.perf_counter_ns
+        await comm.barrier()
+        for _ in range(calls):
+            comm._seq += 1
+            waits = comm._waits.count
+            t0 = clock()
+            spec = OpSpec(Kind.ALLREDUCE, comm._seq, code, size, 1)
+            t1 = clock()
+            parity = spec.seq & 1
+            rows = world.shm.rows(parity, x.dtype, size)
+            await shm.shm_claim(world, spec)
+            t2 = clock()
+            rows[world.rank] = x
+            t3 = clock()
+            shm.shm_publish(world, spec, x.nbytes)
+            t4 = clock()
+            await shm.shm_wait(world, spec)
+            t5 = clock()
+            shm._reduce_rows(world, (parity, x.dtype, 0, size), rows, x, np.add, False)
+            shm.shm_done(world, spec)
+            t6 = clock()
+            if comm._waits.count == waits:
+                await trio.lowlevel.cancel_shielded_checkpoint()
+            t7 = clock()
+            for i, (a, b) in enumerate(
+                ((t0, t1), (t1, t2), (t2, t3), (t3, t4), (t4, t5), (t5, t6), (t6, t7))
+            ):
+                sums[i] += b - a
+        print(
+            f"rank {comm.rank}: phases (us per call): "
+            + " ".join(
+                f"{name} {total / calls / 1000:.2f}"
+                for name, total in zip(names, sums, strict=True)
+            ),
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", type=int, default=1, help="float32 elements (default 1)")
+    parser.add_argument("--calls", type=int, default=20_000)
+    args = parser.parse_args()
+    trio.run(main, args.size, args.calls)
