@@ -5,15 +5,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 import pytest
 
 from trioring._bench import format_size, parse_sizes
 from trioring._bench_cases import CASES
-
-if TYPE_CHECKING:
-    from pathlib import Path
 
 
 def test_parse_sizes() -> None:
@@ -93,3 +90,23 @@ def test_bench_times_and_checks_every_collective(
         expected += [(name, size, "max" if case.reduces else None) for size in sizes]
     assert [(row["collective"], row["size"], row["op"]) for row in rows] == expected
     assert all(row["errors"] == 0 for row in rows)
+
+
+def test_percall_script_runs() -> None:
+    """bench/percall.py reaches into the communicator's internals to time its layers apart:
+    a short run keeps it in step with them (and checks its results)."""
+    script = Path(__file__).resolve().parents[1] / "bench" / "percall.py"
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "trioring", "run", "-n", "2", "--tag-output"),
+            *(str(script), "--calls", "30"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    for rank in (0, 1):
+        assert f"rank {rank}: ladder" in result.stdout, result.stdout
+        assert f"rank {rank}: phases" in result.stdout, result.stdout
