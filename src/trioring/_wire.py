@@ -117,8 +117,8 @@ class OpSpec(NamedTuple):
 
     A NamedTuple rather than an ``attrs.frozen`` class: every collective call makes one,
     and a frozen attrs instance took 0.52 us to make (a ``setattr`` per field) against 0.27
-    for the tuple, measured in a loop; on the shared segment's 4-byte allreduce, which costs
-    11-14 us at world 2, making it measured 0.9-1.4 us."""
+    for the tuple, measured in a loop; timed in place, in the shared segment's 4-byte
+    allreduce (11-14 us at world 2), it went from 0.9-1.4 us to 0.5-0.9 (bench/percall.py)."""
 
     kind: Kind
     seq: int
