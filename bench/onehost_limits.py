@@ -22,8 +22,12 @@ import multiprocessing
 import os
 import statistics
 import time
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 _UNITS = {"K": 1 << 10, "M": 1 << 20}
 
@@ -40,12 +44,12 @@ def _busy(mode: str, seconds: float) -> None:
             os.sched_yield()
 
 
-def _median_us(function: object, repeats: int, inner: int) -> float:
+def _median_us(function: Callable[[], None], repeats: int, inner: int) -> float:
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
         for _ in range(inner):
-            function()  # type: ignore[operator]
+            function()
         times.append((time.perf_counter() - start) / inner * 1e6)
     return statistics.median(times)
 

@@ -51,6 +51,8 @@ __all__ = [
 
 # -- shared segment -------------------------------------------------------------------------
 
+_BYTES, _INT64 = np.dtype(np.uint8), np.dtype(np.int64)
+
 
 async def shm_allgather(
     world: World, spec: OpSpec, gathered: np.ndarray, bounds: Sequence[int]
@@ -101,7 +103,8 @@ async def shm_disseminate(
     assert slots is not None
     r, nbytes = world.rank, state.nbytes
     rows = slots.rows(spec.seq & 1, _BYTES, SHM_MAX_BYTES)
-    states = rows[:, :nbytes].view(np.int64)
+    # The same bytes as rows[:, :nbytes], as int64s: a cached view, not one made per call.
+    states = slots.rows(spec.seq & 1, _INT64, state.shape[0])
     await shm_claim(world, spec)
     states[r] = state
     if payload is not None:
@@ -112,9 +115,6 @@ async def shm_disseminate(
         if q != r:
             merge(state, states[q])
     return rows
-
-
-_BYTES = np.dtype(np.uint8)
 
 
 # -- cross-memory attach ----------------------------------------------------------------------
