@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import gc
 import hashlib
 import os
 import resource
@@ -369,6 +370,12 @@ def rss_kib() -> int:
     raise AssertionError("no VmRSS in /proc/self/status")
 
 
+def count_objects() -> int:
+    """The Python objects alive after a full collection: a leak of any size leaves some."""
+    gc.collect()
+    return len(gc.get_objects())
+
+
 def count_tasks() -> int:
     def walk(task: trio.lowlevel.Task) -> int:
         return 1 + sum(walk(child) for n in task.child_nurseries for child in n.child_tasks)
@@ -411,7 +418,7 @@ async def scenario_cycles(reporter: Reporter, args: list[str]) -> None:
         if cycle == 9:
             report.update(fds_warm=count_fds(), rss_warm=rss_kib())
         if cycle == count // 2 - 1:
-            report.update(rss_half=rss_kib())
+            report.update(rss_half=rss_kib(), objects_half=count_objects())
     report.update(
         elapsed=_now() - started,
         cycles=count,
@@ -420,6 +427,7 @@ async def scenario_cycles(reporter: Reporter, args: list[str]) -> None:
         fds_end=count_fds(),
         tasks_end=count_tasks(),
         rss_end=rss_kib(),
+        objects_end=count_objects(),
     )
 
 
