@@ -3,6 +3,8 @@
 #
 #   make demo    4 ranks over Unix sockets: correctness checks and a timing table
 #   make test    the test suite
+#   make test-oldest  part of the suite against the oldest trio, numpy and attrs that
+#                pyproject.toml allows (a separate .venv-oldest); CI runs it
 #   make lint    ruff (lint + format check) and mypy --strict
 #   make docs    build the documentation site (strict) into site/; `make serve` to browse it
 #   make bench   trioring vs torch.distributed Gloo and mpi4py over Open MPI (shared memory and
@@ -26,7 +28,7 @@ INSTALL_STAMP = $(VENV)/.stamp-install-$(1)
 
 .DEFAULT_GOAL := help
 .DELETE_ON_ERROR:
-.PHONY: help demo test lint docs serve bench clean
+.PHONY: help demo test test-oldest lint docs serve bench clean
 
 help:
 	@sed -n 's/^#   //p' $(firstword $(MAKEFILE_LIST))
@@ -84,6 +86,23 @@ demo: $(call INSTALL_STAMP,base)
 test: $(call INSTALL_STAMP,test) $(SYSTEM_STAMP)
 	$(BIN)/python -m compileall -q src tests examples >/dev/null
 	$(BIN)/python -m pytest
+
+# The lower bounds in pyproject.toml are a promise: these tests run against exactly those
+# versions (.ci/oldest_pins.py reads them). The code used trio 0.31's
+# CancelScope.cancel(reason=) for weeks while pyproject.toml said trio>=0.30. The in-process
+# tests and the multi-process ones that need no launcher: 3 minutes on 2 cores.
+OLDEST := .venv-oldest
+OLDEST_TESTS := tests/test_units.py tests/test_local_world.py tests/test_gather.py \
+	tests/test_deadlines.py tests/test_kind_mismatch.py tests/test_split.py \
+	tests/test_p2p_comm.py tests/test_objects.py tests/test_multiprocess_errors.py
+test-oldest: $(VENV_STAMP)
+	rm -rf $(OLDEST)
+	$(BIN)/python -m venv $(OLDEST)
+	$(OLDEST)/bin/python -m pip install --quiet $$($(BIN)/python .ci/oldest_pins.py) \
+		pytest pytest-trio pytest-timeout hypothesis
+	$(OLDEST)/bin/python -m pip install --quiet --no-deps -e .
+	$(OLDEST)/bin/python -c "import trio, numpy, attrs; print('oldest:', 'trio', trio.__version__, 'numpy', numpy.__version__, 'attrs', attrs.__version__)"
+	$(OLDEST)/bin/python -m pytest -p no:cacheprovider $(OLDEST_TESTS)
 
 lint: $(call INSTALL_STAMP,dev)
 	$(BIN)/ruff check src tests examples bench docs
@@ -154,6 +173,6 @@ bench: $(call INSTALL_STAMP,bench)
 		bench/results/compare_more_w2.json bench/results/compare_more_w4.json bench/results/compare_tcp_w2.json
 
 clean:
-	rm -rf $(VENV) build dist site .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) $(OLDEST) build dist site .pytest_cache .mypy_cache .ruff_cache .hypothesis
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +
 	find . -name '*.egg-info' -type d -prune -exec rm -rf {} +

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import stat
@@ -17,6 +18,7 @@ import trio.testing
 import trioring
 from trioring._algorithms import tree_neighbours
 from trioring._communicator import DEFAULT_CHUNK_BYTES
+from trioring._concurrency import run_with_grace
 from trioring._config import resolve
 from trioring._framing import Link
 from trioring._wire import HEADER, Kind, OpSpec
@@ -448,3 +450,60 @@ def test_binomial_tree_reaches_everyone_once(size: int) -> None:
             while parents[node] is not None:
                 node, depth = parents[node], depth + 1  # type: ignore[assignment]
             assert depth <= max(0, (size - 1).bit_length())
+
+
+# -- grace periods ----------------------------------------------------------------------------
+
+
+async def _stalled_step(clock: trio.testing.MockClock, done: list[str]) -> None:
+    # The process stalls (the clock jumps past the whole grace) after the task started and
+    # before its first checkpoint came back: what a loaded machine did to abort notices.
+    clock.jump(10.0)
+    await trio.lowlevel.checkpoint()
+    done.append("sent")
+
+
+async def test_a_stall_does_not_use_up_the_grace(mock_clock: trio.testing.MockClock) -> None:
+    done: list[str] = []
+    assert await run_with_grace(0.25, functools.partial(_stalled_step, mock_clock, done))
+    assert done == ["sent"]
+    # The single deadline it replaced cancels the same task (so the test above can fail).
+    done.clear()
+    with trio.move_on_after(0.25):
+        await _stalled_step(mock_clock, done)
+    assert done == []
+
+
+async def test_grace_cancels_what_is_still_waiting(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    finished: list[str] = []
+
+    async def quick() -> None:
+        await trio.sleep(0.01)
+        finished.append("quick")
+
+    async def stuck() -> None:
+        await trio.sleep_forever()
+
+    start = trio.current_time()
+    assert not await run_with_grace(0.25, quick, stuck)
+    assert finished == ["quick"]
+    assert trio.current_time() - start == pytest.approx(0.25)
+    # Nothing to run, or all of it done early: no wait at all for the grace.
+    start = trio.current_time()
+    assert await run_with_grace(0.25)
+    assert await run_with_grace(0.25, quick)
+    assert trio.current_time() - start == pytest.approx(0.01)
+
+
+async def test_cancelling_the_caller_cancels_the_grace(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    async def stuck() -> None:
+        await trio.sleep_forever()
+
+    with trio.move_on_after(0.05) as scope:
+        await run_with_grace(10.0, stuck)
+    assert scope.cancelled_caught
+    assert trio.current_time() == pytest.approx(0.05)

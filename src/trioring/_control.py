@@ -26,11 +26,12 @@ its READY) is noticed by its peers' first collective instead, as any later failu
 from __future__ import annotations
 
 import contextlib
+import functools
 from typing import TYPE_CHECKING, Any, final
 
 import trio
 
-from ._concurrency import is_cancellation
+from ._concurrency import is_cancellation, run_with_grace
 from ._errors import RendezvousError, TrioringError
 from ._setup import (
     ABORT,
@@ -155,10 +156,15 @@ class Coordinator:
     async def refuse(self, message: str, culprit: Connection) -> None:
         """The world is inconsistent: tell every rank that said hello, and ``culprit``."""
         self._refused = True
-        with trio.move_on_after(NOTICE_SECONDS, shield=True):
-            async with trio.open_nursery() as nursery:
-                for connection in [culprit, *self._controls.values()]:
-                    nursery.start_soon(_tell, connection, REFUSE, {"message": clip(message)})
+        body = {"message": clip(message)}
+        with trio.CancelScope(shield=True):
+            await run_with_grace(
+                NOTICE_SECONDS,
+                *(
+                    functools.partial(_tell, connection, REFUSE, body)
+                    for connection in [culprit, *self._controls.values()]
+                ),
+            )
         await trio.aclose_forcefully(culprit)
 
     async def run(self, share: Callable[[], Awaitable[None]]) -> None:
@@ -229,10 +235,14 @@ class Coordinator:
             return
         self._aborted = True
         body = {"rank": subject, "message": clip(reason)}
-        with trio.move_on_after(NOTICE_SECONDS, shield=True):
-            async with trio.open_nursery() as nursery:
-                for connection in self._controls.values():
-                    nursery.start_soon(_tell, connection, ABORT, body)
+        with trio.CancelScope(shield=True):
+            await run_with_grace(
+                NOTICE_SECONDS,
+                *(
+                    functools.partial(_tell, connection, ABORT, body)
+                    for connection in self._controls.values()
+                ),
+            )
 
     async def _watch(self, rank: int, connection: Connection) -> None:
         """Read rank ``rank``'s channel until GO: READY, or FAILED / a close (a failure)."""
@@ -409,5 +419,8 @@ class Follower:
             )
         else:
             message = f"rank {rank} failed: {_describe(exc, rank)}"
-        with trio.move_on_after(NOTICE_SECONDS, shield=True):
-            await _tell(self.connection, FAILED, {"message": clip(message), "peer": peer})
+        body = {"message": clip(message), "peer": peer}
+        with trio.CancelScope(shield=True):
+            await run_with_grace(
+                NOTICE_SECONDS, functools.partial(_tell, self.connection, FAILED, body)
+            )

@@ -8,6 +8,7 @@ methods live in :mod:`trioring._communicator` and the family modules of
 from __future__ import annotations
 
 import enum
+import functools
 import hashlib
 import logging
 from typing import TYPE_CHECKING, TypeVar
@@ -18,7 +19,7 @@ import trio
 from . import _algorithms
 from ._collectives import _allreduce, _decision
 from ._collectives._checks import Refused
-from ._concurrency import is_cancellation
+from ._concurrency import is_cancellation, run_with_grace
 from ._errors import (
     CollectiveError,
     CollectiveMismatchError,
@@ -380,13 +381,14 @@ class CommunicatorCore:
             # Before the abort frames: a peer that finds this on the segment reads one.
             self._world.shm.mark_broken()
         with trio.CancelScope(shield=True):
-            with trio.move_on_after(_ABORT_NOTICE_SECONDS):
-                async with trio.open_nursery() as nursery:
-                    for link in self._links.values():
-                        if link.send_clean:
-                            nursery.start_soon(
-                                link.send_abort, kind, subject, spec.seq, reason, reporter
-                            )
+            await run_with_grace(
+                _ABORT_NOTICE_SECONDS,
+                *(
+                    functools.partial(link.send_abort, kind, subject, spec.seq, reason, reporter)
+                    for link in self._links.values()
+                    if link.send_clean
+                ),
+            )
             await self._close_connections()
         if self._state is State.BROKEN:
             # Told to the peers' point-to-point calls when it closes (see leave_later).

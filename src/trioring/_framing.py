@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, NoReturn, final
 import attrs
 import trio
 
+from ._concurrency import run_with_grace
 from ._errors import (
     CollectiveError,
     CollectiveMismatchError,
@@ -322,32 +323,42 @@ class Link:
         than the broken pipe it left behind."""
         if self.receiving or self._watching:
             return
+        found: list[TrioringError] = []
+
+        async def look() -> None:
+            # Frames the peer sent before it gave up (say, the announcement of a step we
+            # never reached) may come first: skip a few small ones to find its reason.
+            for _ in range(_PENDING_FRAMES_SKIPPED):
+                try:
+                    await self._recv_exactly(spec, self._recv_header_view, "a frame header")
+                except TrioringError:
+                    return
+                (magic, version, ftype, kind, _, _, root, seq, count, _, nbytes) = HEADER.unpack(
+                    self._recv_header
+                )
+                if magic != MAGIC or version != VERSION:
+                    return
+                if ftype == FrameType.ABORT:
+                    try:
+                        await self._raise_abort(spec, kind, root, seq, nbytes, count)
+                    except TrioringError as exc:
+                        found.append(exc)  # raised below, by itself rather than in a group
+                    return
+                if ftype != FrameType.DATA or nbytes > SMALL_FRAME:
+                    return
+                try:
+                    await self._recv_exactly(spec, memoryview(bytearray(nbytes)), "a payload")
+                except TrioringError:
+                    return
+
         # Marked as read from, so that no other task reads or watches this link meanwhile.
         self._watching = True
         try:
-            with trio.move_on_after(_PENDING_ABORT_SECONDS):
-                # Frames the peer sent before it gave up (say, the announcement of a step we
-                # never reached) may come first: skip a few small ones to find its reason.
-                for _ in range(_PENDING_FRAMES_SKIPPED):
-                    try:
-                        await self._recv_exactly(spec, self._recv_header_view, "a frame header")
-                    except TrioringError:
-                        return
-                    (magic, version, ftype, kind, _, _, root, seq, count, _, nbytes) = (
-                        HEADER.unpack(self._recv_header)
-                    )
-                    if magic != MAGIC or version != VERSION:
-                        return
-                    if ftype == FrameType.ABORT:
-                        await self._raise_abort(spec, kind, root, seq, nbytes, count)
-                    if ftype != FrameType.DATA or nbytes > SMALL_FRAME:
-                        return
-                    try:
-                        await self._recv_exactly(spec, memoryview(bytearray(nbytes)), "a payload")
-                    except TrioringError:
-                        return
+            await run_with_grace(_PENDING_ABORT_SECONDS, look)
         finally:
             self._watching = False
+        if found:
+            raise found[0]
 
     async def _recv_some(self, spec: OpSpec, view: memoryview, what: str) -> int:
         """Receive at least one byte into ``view``, or 0 at end of stream. With a socket

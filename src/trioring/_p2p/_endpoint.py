@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING, final
 import numpy as np
 import trio
 
+from .._concurrency import run_with_grace
 from .._errors import InvalidArgumentError, TrioringError
 from .._wire import DTYPE_CODES
 from ._engine import (
@@ -201,10 +202,14 @@ class Endpoint(Reading):
             return
         with trio.CancelScope(shield=True):
             for peer in self.queue_left(comm_id, comm.scope.members):
-                with trio.move_on_after(LEAVE_NOTICE_SECONDS):
-                    async with peer.lock:  # the wait for it is what the deadline bounds
-                        with contextlib.suppress(LinkDown):
-                            await self._write_locked(peer)
+                await run_with_grace(
+                    LEAVE_NOTICE_SECONDS, functools.partial(self._write_left, peer)
+                )
+
+    async def _write_left(self, peer: Peer) -> None:
+        async with peer.lock:  # the wait for it is what the grace bounds
+            with contextlib.suppress(LinkDown):
+                await self._write_locked(peer)
 
     def leave_later(self, comm_id: int, error: Callable[[str], TrioringError]) -> None:
         """:meth:`unregister`, and queue the LEFT frames without writing them: they go out
