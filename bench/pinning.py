@@ -6,7 +6,8 @@ Runs ``--n`` ranks under ``trioring run`` over Unix sockets (shared segment on),
 ``--calls`` back-to-back barriers, then as many 4-byte allreduces, unpinned and pinned
 (rank r on the r % cores-th core of its affinity, as ``mpirun --bind-to core`` would),
 alternating the two in every round. Prints, per round and variant, the slowest rank's median
-over 5 blocks of the time per call. (At world 4 on 2 cores pinning was 4-5x slower; see the
+over 5 blocks of the time per call. (At world 4 on 2 cores pinning was 4-5x slower, and at
+world 2 pinned was as fast as unpinned once ranks read their peers' CPUs; see the
 performance page.)
 """
 

@@ -46,6 +46,32 @@ def test_results_are_bitwise_those_of_recursive_doubling(worlds: Worlds, world_s
         assert report["calls"] > 100
 
 
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs two CPUs")
+@pytest.mark.parametrize("where", ["one per core", "one core for both"])
+def test_ranks_pinned_to_cores(worlds: Worlds, where: str) -> None:
+    """Ranks that a launcher pins one per core (mpirun binds 2 ranks so by default) may each
+    run on one CPU, but their peers run on others: they poll and use the segment. Two ranks
+    pinned to the same CPU do neither (a poll would only keep the peer off it); either way
+    the results are exact."""
+    cpus = sorted(os.sched_getaffinity(0))[:2]
+    pins = cpus if where == "one per core" else [cpus[0], cpus[0]]
+    world = worlds.start(
+        SCRIPT,
+        "exact",
+        world_size=2,
+        mode="unix-dir",
+        env_overrides={index: {"WORKER_CPUS": str(cpu)} for index, cpu in enumerate(pins)},
+    )
+    for report in world.finish():
+        features = set(report["features"])
+        if where == "one per core":
+            assert {"shm", "spin"} <= features, features
+        else:
+            assert not {"shm", "spin"} & features, features
+        assert report["errors"] == [], report["errors"]
+        assert report["calls"] > 100
+
+
 def test_waits_that_park_still_complete(worlds: Worlds) -> None:
     world = worlds.start(SCRIPT, "late", world_size=3, mode="unix-dir")
     for report in world.finish():
@@ -112,11 +138,11 @@ def test_a_segment_must_be_a_memfd(tmp_path: Path) -> None:
     with (tmp_path / "file").open("wb+") as file:
         file.truncate(_shm.segment_bytes(2))
         with pytest.raises(OSError, match="Invalid argument") as info:
-            _shm.SharedSlots(file.fileno(), 0, 2, {})
+            _shm.SharedSlots(file.fileno(), 0, 2, {}, oversubscribed=False)
         assert info.value.errno == errno.EINVAL
     fd = _shm.create_segment(2)
     try:
-        slots = _shm.SharedSlots(fd, 0, 2, {})
+        slots = _shm.SharedSlots(fd, 0, 2, {}, oversubscribed=False)
     finally:
         os.close(fd)
     assert slots.seqs[slots.own_word] == 0

@@ -10,6 +10,7 @@ import sys
 import textwrap
 from typing import TYPE_CHECKING
 
+import attrs
 import numpy as np
 import pytest
 import trio
@@ -19,8 +20,9 @@ import trioring
 from trioring._algorithms import tree_neighbours
 from trioring._communicator import DEFAULT_CHUNK_BYTES
 from trioring._concurrency import run_with_grace
-from trioring._config import resolve
+from trioring._config import Config, resolve
 from trioring._framing import Link
+from trioring._onehost._cpus import Cpus, spin_for
 from trioring._wire import HEADER, Kind, OpSpec
 from trioring.transports import (
     MemoryTransport,
@@ -507,3 +509,47 @@ async def test_cancelling_the_caller_cancels_the_grace(
         await run_with_grace(10.0, stuck)
     assert scope.cancelled_caught
     assert trio.current_time() == pytest.approx(0.05)
+
+
+# -- where ranks run --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("mine", "peers", "polls", "oversubscribed"),
+    [
+        # Unpinned, as many ranks as CPUs, or more.
+        ({0, 1}, [{0, 1}], True, False),
+        ({0, 1}, [{0, 1}] * 3, True, True),
+        # Pinned one per core (mpirun's default for 2 ranks), at worlds 2 and 4.
+        ({0}, [{1}], True, False),
+        ({2}, [{0}, {1}, {3}], True, False),
+        # Two ranks on one CPU: the peer could not answer while we poll.
+        ({0}, [{0}], False, True),
+        # Four ranks pinned two per core: the same, for each pair.
+        ({0}, [{1}, {0}, {1}], False, True),
+        # Pinned, with a peer free to run anywhere (it need not wait for our CPU).
+        ({0}, [{0, 1}], True, False),
+        # Peers not known (TCP, or an affinity that could not be read): our own CPUs decide.
+        ({0}, None, False, True),
+        ({0, 1}, None, True, False),
+    ],
+)
+def test_where_ranks_run_decides_polling_and_yielding(
+    mine: set[int], peers: list[set[int]] | None, polls: bool, oversubscribed: bool
+) -> None:
+    cpus = Cpus(frozenset(mine), None if peers is None else tuple(map(frozenset, peers)))
+    assert cpus.polling_helps is polls
+    world_size = 1 + (len(peers) if peers is not None else 1)
+    assert cpus.oversubscribed(world_size) is oversubscribed
+    config = Config(
+        rank=0,
+        world_size=world_size,
+        transport="unix",
+        master_addr=None,
+        master_port=None,
+        socket_dir=None,
+        spin_seconds=5e-5,
+    )
+    assert spin_for(config, cpus) == (5e-5 if polls else 0.0)
+    # TRIORING_SPIN_US, where given, is used as it is.
+    assert spin_for(attrs.evolve(config, spin_given=True), cpus) == 5e-5

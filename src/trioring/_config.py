@@ -50,6 +50,9 @@ class Config:
     credentials: Credentials = attrs.field(factory=lambda: Credentials(b"", ""))
     #: Bounded poll before a receive parks (TRIORING_SPIN_US); 0 turns it off.
     spin_seconds: float = 0.0
+    #: Whether TRIORING_SPIN_US set it. If not, a communicator polls only where that can
+    #: help, which it tells once it knows where its peers run (see _onehost._cpus).
+    spin_given: bool = False
     #: Whether this rank offers cross-memory attach for large collectives (TRIORING_CMA).
     cma: bool = True
     #: Whether this rank offers a shared segment for small collectives (TRIORING_SHM).
@@ -254,6 +257,7 @@ def resolve(
         transport_source=transport_source,
         credentials=Credentials(secret, job_id(env)),
         spin_seconds=spin_seconds(env),
+        spin_given=bool(env.get("TRIORING_SPIN_US", "").strip()),
         cma=_flag(env, "TRIORING_CMA", default=True),
         shm=_flag(env, "TRIORING_SHM", default=True),
         peer_timeout=peer_timeout(env),
@@ -262,11 +266,12 @@ def resolve(
 
 
 def spin_seconds(env: Mapping[str, str]) -> float:
-    """TRIORING_SPIN_US as seconds; by default DEFAULT_SPIN_US when this process may run on
-    more than one CPU (with one, the peer cannot answer while we poll), else 0."""
+    """TRIORING_SPIN_US as seconds, by default DEFAULT_SPIN_US. Unless it was given, a
+    communicator turns polling off where a peer can run only on this rank's one CPU (see
+    ``_onehost._cpus.spin_for``)."""
     raw = env.get("TRIORING_SPIN_US", "").strip()
     if not raw:
-        return DEFAULT_SPIN_US / 1e6 if len(os.sched_getaffinity(0)) > 1 else 0.0
+        return DEFAULT_SPIN_US / 1e6
     if not raw.isdigit() or int(raw) > _MAX_SPIN_US:
         raise ConfigurationError(
             f"TRIORING_SPIN_US={raw!r}: expected microseconds, an integer from 0 (no polling) "

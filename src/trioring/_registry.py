@@ -128,9 +128,7 @@ def _spin_unavailable() -> str | None:
         return str(exc)
     if seconds:
         return None
-    if os.environ.get("TRIORING_SPIN_US", "").strip():
-        return "turned off by TRIORING_SPIN_US=0"
-    return "this process may run on one CPU only, where polling would only delay the peer"
+    return "turned off by TRIORING_SPIN_US=0"
 
 
 def _shm_unavailable() -> str | None:
@@ -172,7 +170,9 @@ def _features() -> list[Capability]:
                 "spin",
                 _spin_unavailable(),
                 f"receives poll up to TRIORING_SPIN_US us (default {DEFAULT_SPIN_US}) before "
-                "they park; 0 turns it off",
+                "they park; 0 turns it off. By default not where a peer on this host can run "
+                "only on the one CPU this rank may use (it could not answer while we poll), "
+                "nor, on one CPU, over TCP (the peers' CPUs are not known)",
             ),
         )
     ]

@@ -162,4 +162,7 @@ def run_reporting(reporter: Reporter, async_fn: Any, *args: Any) -> None:
 def main(scenarios: dict[str, Any]) -> None:
     """Run the scenario named by ``sys.argv[1]`` (see the module docstring)."""
     name, out_dir, index, *args = sys.argv[1:]
+    if cpus := os.environ.get("WORKER_CPUS"):
+        # Pinned before the communicator opens, as a launcher that binds ranks to cores does.
+        os.sched_setaffinity(0, {int(cpu) for cpu in cpus.split(",")})
     run_reporting(Reporter(Path(out_dir), int(index)), _run, scenarios[name], args)

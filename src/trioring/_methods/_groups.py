@@ -17,6 +17,7 @@ from .._concurrency import run_concurrently
 from .._core import CommunicatorCore
 from .._errors import CollectiveError, RendezvousError
 from .._onehost import _agree
+from .._onehost._cpus import cpus_of, spin_for
 from .._wire import DTYPE_CODES, Kind
 
 if TYPE_CHECKING:
@@ -146,11 +147,14 @@ class GroupMethods(CommunicatorCore):
         pids: dict[int, int] | None = None
         shm: SharedSlots | None = None
         try:
+            one_host = config.transport == "unix" and len(ranks) > 1
+            cpus = cpus_of(links.values() if one_host else None)
+            spin = spin_for(config, cpus)
             for link in links.values():
-                link.spin_seconds = config.spin_seconds
-            if config.transport == "unix" and len(ranks) > 1:
-                local = attrs.evolve(config, rank=rank, world_size=len(ranks))
-                pids, shm = await _agree.agree_on_paths(local, links)
+                link.spin_seconds = spin
+            if one_host:
+                local = attrs.evolve(config, rank=rank, world_size=len(ranks), spin_seconds=spin)
+                pids, shm = await _agree.agree_on_paths(local, links, cpus)
             child = type(self)._create(  # type: ignore[attr-defined]
                 rank=rank,
                 world_size=len(ranks),

@@ -19,19 +19,21 @@ from . import _cma, _shm
 if TYPE_CHECKING:
     from .._config import Config
     from .._framing import Link
+    from ._cpus import Cpus
 
 __all__ = ["agree_on_cma", "agree_on_paths", "agree_on_shm"]
 
 
 async def agree_on_paths(
-    config: Config, links: dict[int, Link]
+    config: Config, links: dict[int, Link], cpus: Cpus
 ) -> tuple[dict[int, int] | None, _shm.SharedSlots | None]:
     """Run both agreements: the peers' pids if cross-memory attach is on (else None), and the
-    mapped segment if the shared segment is (else None). Nothing may read ahead on the links
-    meanwhile: the segment's frame is read straight off the socket. On failure nothing is
-    left open."""
+    mapped segment if the shared segment is (else None). ``config.spin_seconds`` is the
+    poll that this communicator's waits use, and ``cpus`` where its ranks run. Nothing may
+    read ahead on the links meanwhile: the segment's frame is read straight off the socket.
+    On failure nothing is left open."""
     pids = await agree_on_cma(config, links)
-    return pids, await agree_on_shm(config, links)
+    return pids, await agree_on_shm(config, links, cpus)
 
 
 _OFFER = struct.Struct("<QQQ")  # offered (0/1), address of our cookie, the cookie's value
@@ -81,12 +83,15 @@ async def agree_on_cma(config: Config, links: dict[int, Link]) -> dict[int, int]
     return pids if agreed else None
 
 
-async def agree_on_shm(config: Config, links: dict[int, Link]) -> _shm.SharedSlots | None:
+async def agree_on_shm(
+    config: Config, links: dict[int, Link], cpus: Cpus
+) -> _shm.SharedSlots | None:
     """Decide, identically on every rank, whether small collectives go through a shared
     segment (see .shm): rank 0 creates it and hands it to every peer over its Unix
     connection; every rank maps it and says whether that worked; it is used only if it
     worked everywhere (``setup #0``, offsets 2 and 3). Off without polling
-    (TRIORING_SPIN_US=0, or one CPU): a parked wait on the segment wakes only on a timer."""
+    (TRIORING_SPIN_US=0, or a peer that can run only on this rank's one CPU): a parked wait
+    on the segment wakes only on a timer."""
     spec = OpSpec(Kind.SETUP, 0)
     offer = config.shm and config.spin_seconds > 0 and _shm.unavailable_reason() is None
     fd = -1
@@ -109,6 +114,7 @@ async def agree_on_shm(config: Config, links: dict[int, Link]) -> _shm.SharedSlo
                     config.rank,
                     config.world_size,
                     {peer: link.connection.socket.fileno() for peer, link in links.items()},  # type: ignore[attr-defined]
+                    oversubscribed=cpus.oversubscribed(config.world_size),
                 )
             except (OSError, ValueError):
                 slots = None

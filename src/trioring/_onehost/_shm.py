@@ -118,7 +118,15 @@ class SharedSlots:
     data connections: a wait on the segment watches them for abort frames and closed
     connections, which say that a peer will never publish."""
 
-    def __init__(self, fd: int, rank: int, world_size: int, link_fds: dict[int, int]) -> None:
+    def __init__(
+        self,
+        fd: int,
+        rank: int,
+        world_size: int,
+        link_fds: dict[int, int],
+        *,
+        oversubscribed: bool,
+    ) -> None:
         size = segment_bytes(world_size)
         # Only a memfd has seals: anything else a peer might send is refused.
         fcntl.fcntl(fd, fcntl.F_GET_SEALS)
@@ -141,13 +149,13 @@ class SharedSlots:
         #: The third word of the line: the last collective a rank had finished on the
         #: segment (its done word) when it gave up (see :meth:`mark_broken`).
         self.own_finished = self.own_word + FINISHED
-        #: Whether this host has fewer cores (that this process may run on) than the
-        #: communicator has ranks. Then a wait yields the CPU before anything else, since
+        #: Whether this rank shares its CPUs with more ranks than there are CPUs among
+        #: them (see _cpus.Cpus.oversubscribed). Then a wait yields the CPU before anything else, since
         #: the peer it waits for may be waiting for this core: at world 4 on 2 cores a
         #: barrier that took its schedule point first took 87 us (median of 5 runs of 5,000)
         #: against 52 us; at world 2 on 2 cores the schedule point first saved 3 us of 22
         #: in a 4-byte allreduce.
-        self.oversubscribed = world_size > len(os.sched_getaffinity(0))
+        self.oversubscribed = oversubscribed
         #: The last collective this rank published in each slot parity (0: none yet).
         self.last_used = [0, 0]
         slots = buffer[world_size * LINE :].reshape(2, world_size, SLOT_BYTES)
