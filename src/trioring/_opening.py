@@ -8,7 +8,6 @@ import sys
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
-import attrs
 import trio
 
 from . import _config, _registry
@@ -16,7 +15,6 @@ from ._communicator import DEFAULT_CHUNK_BYTES, Communicator
 from ._errors import CollectiveError, ConcurrentOpenError, ConfigurationError, RendezvousError
 from ._family import Family
 from ._onehost import _agree as onehost_agree
-from ._onehost._cpus import cpus_of, spin_for
 from ._p2p import Endpoint
 from ._rendezvous import connect_world
 from .transports import TcpTransport, Transport, TransportContext, UnixTransport
@@ -52,17 +50,8 @@ async def create_communicator(
         # Runs inside connect_world's set-up, so that a rank failing here (or dying) aborts
         # every rank's open_communicator, not only its neighbours'.
         nonlocal peer_pids, shm, spin
-        one_host = config.transport == "unix" and config.world_size > 1
-        cpus = cpus_of(links.values() if one_host else None)
-        spin = spin_for(config, cpus)
-        for link in links.values():
-            link.spin_seconds = spin
-        if not one_host:
-            return
         try:
-            peer_pids, shm = await onehost_agree.agree_on_paths(
-                attrs.evolve(config, spin_seconds=spin), links, cpus
-            )
+            spin, peer_pids, shm = await onehost_agree.agree_on_paths(config, links)
         except CollectiveError as exc:
             raise RendezvousError(
                 f"rank {config.rank}: rendezvous failed while agreeing on capabilities: "

@@ -17,7 +17,6 @@ from .._concurrency import run_concurrently
 from .._core import CommunicatorCore
 from .._errors import CollectiveError, RendezvousError
 from .._onehost import _agree
-from .._onehost._cpus import cpus_of, spin_for
 from .._wire import DTYPE_CODES, Kind
 
 if TYPE_CHECKING:
@@ -147,14 +146,8 @@ class GroupMethods(CommunicatorCore):
         pids: dict[int, int] | None = None
         shm: SharedSlots | None = None
         try:
-            one_host = config.transport == "unix" and len(ranks) > 1
-            cpus = cpus_of(links.values() if one_host else None)
-            spin = spin_for(config, cpus)
-            for link in links.values():
-                link.spin_seconds = spin
-            if one_host:
-                local = attrs.evolve(config, rank=rank, world_size=len(ranks), spin_seconds=spin)
-                pids, shm = await _agree.agree_on_paths(local, links, cpus)
+            local = attrs.evolve(config, rank=rank, world_size=len(ranks))
+            _, pids, shm = await _agree.agree_on_paths(local, links)
             child = type(self)._create(  # type: ignore[attr-defined]
                 rank=rank,
                 world_size=len(ranks),

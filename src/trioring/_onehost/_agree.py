@@ -10,11 +10,13 @@ import socket
 import struct
 from typing import TYPE_CHECKING
 
+import attrs
 import numpy as np
 import trio
 
 from .._wire import HEADER, Kind, OpSpec, pack_data_header
 from . import _cma, _shm
+from ._cpus import cpus_of, spin_for
 
 if TYPE_CHECKING:
     from .._config import Config
@@ -25,15 +27,24 @@ __all__ = ["agree_on_cma", "agree_on_paths", "agree_on_shm"]
 
 
 async def agree_on_paths(
-    config: Config, links: dict[int, Link], cpus: Cpus
-) -> tuple[dict[int, int] | None, _shm.SharedSlots | None]:
-    """Run both agreements: the peers' pids if cross-memory attach is on (else None), and the
-    mapped segment if the shared segment is (else None). ``config.spin_seconds`` is the
-    poll that this communicator's waits use, and ``cpus`` where its ranks run. Nothing may
-    read ahead on the links meanwhile: the segment's frame is read straight off the socket.
-    On failure nothing is left open."""
+    config: Config, links: dict[int, Link]
+) -> tuple[float, dict[int, int] | None, _shm.SharedSlots | None]:
+    """Set up how a communicator of ``config.world_size`` ranks (this one ``config.rank``)
+    waits and what its one-host paths are: the poll its waits use, set on every link (see
+    :func:`~._cpus.spin_for`); over Unix sockets, both agreements, the peers' pids if
+    cross-memory attach is on (else None) and the mapped segment if the shared segment is
+    (else None). Nothing may read ahead on the links meanwhile: the segment's frame is read
+    straight off the socket. On failure nothing is left open."""
+    one_host = config.transport == "unix" and config.world_size > 1
+    cpus = cpus_of(links.values() if one_host else None)
+    spin = spin_for(config, cpus)
+    for link in links.values():
+        link.spin_seconds = spin
+    if not one_host:
+        return spin, None, None
+    config = attrs.evolve(config, spin_seconds=spin)
     pids = await agree_on_cma(config, links)
-    return pids, await agree_on_shm(config, links, cpus)
+    return spin, pids, await agree_on_shm(config, links, cpus)
 
 
 _OFFER = struct.Struct("<QQQ")  # offered (0/1), address of our cookie, the cookie's value

@@ -77,7 +77,7 @@ def cpus_of(links: Iterable[Link] | None) -> Cpus:
             if pid <= 0:
                 return Cpus(mine, None)
             peers.append(frozenset(os.sched_getaffinity(pid)))
-        except (OSError, AttributeError):
+        except OSError:
             return Cpus(mine, None)
     return Cpus(mine, tuple(peers))
 
