@@ -27,6 +27,7 @@ from launched import run_killed, run_reports
 from local_runs import force, on_every_rank
 from trioring._algorithms import _tree_gather
 from trioring._collectives import _decision
+from trioring._collectives._gather import SHM_SCATTER_BYTES
 from trioring.testing import open_local_world
 
 if TYPE_CHECKING:
@@ -173,6 +174,20 @@ def test_every_algorithm_is_covered() -> None:
     assert _decision.gather(big, (False, False)) == "tree"
     assert _decision.scatter(big, cma=True) == "cma"
     assert _decision.scatter(big - 1, cma=True) == "tree"
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 5, 8])
+def test_scatter_takes_the_segment_when_the_other_ranks_blocks_fit(n: int) -> None:
+    """The root's own block stays out of its slot, so the segment carries every scatter
+    whose n - 1 other blocks fit beside the header, and nothing larger."""
+    slot = SHM_SCATTER_BYTES
+    block = slot // max(n - 1, 1)  # the largest block that fits, in bytes
+    assert _decision.scatter(n * block, False, slot, n) == "shm"
+    if n > 1:
+        assert _decision.scatter(n * (block + 1), False, slot, n) == "tree"
+    assert _decision.scatter(n * block, True, -1, n) == "tree"  # no segment
+    big = _decision.CMA_MIN_COPY_BYTES + n
+    assert _decision.scatter(big, True, slot, n) == ("shm" if n == 1 else "cma")
 
 
 @pytest.mark.parametrize("world_size", WORLDS)

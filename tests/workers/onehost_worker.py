@@ -1,6 +1,6 @@
 """One rank of tests/test_onehost_copies.py: a copying collective (allgather, allgatherv,
-gather, scatter, alltoall) forced onto a one-host path (``shm`` or ``cma``), at sizes from
-empty to several chunks, on seeded inputs, checked exactly, with each rank's buffers
+gather, scatter, alltoall) forced onto a one-host path (``shm`` or ``cma``), or a scatter left
+to the decision table (``auto``), at sizes from empty to several chunks, on seeded inputs, checked exactly, with each rank's buffers
 overwritten the moment the call returns (a peer still reading them would get garbage).
 
 ``trioring run -n N --transport unix onehost_worker.py COLLECTIVE ALGORITHM OUT_DIR``; the
@@ -19,6 +19,7 @@ import numpy as np
 import trio
 
 import trioring
+from trioring._collectives._gather import SHM_SCATTER_BYTES
 from trioring._onehost._shm import SHM_MAX_BYTES
 
 DTYPES = ("float32", "int8", "float64", "bool", "complex64")
@@ -29,10 +30,15 @@ def make(seed: int, rank: int, count: int, dtype: str) -> np.ndarray[Any, Any]:
 
 
 def counts(algorithm: str, collective: str, n: int, itemsize: int) -> list[int]:
-    """Block sizes: for the shared segment up to what a rank may write to its slot."""
+    """Block sizes: for the shared segment up to what a rank may write to its slot; for a
+    scatter left to the decision table, each side of where the root's slot (which holds
+    the other ranks' blocks, not its own) stops carrying it."""
     if algorithm == "cma":
         return [0, 1, 5, 1000, 300_001]
-    whole = n if collective in ("scatter", "alltoall") else 1  # blocks a rank writes
+    if algorithm == "auto":
+        most = SHM_SCATTER_BYTES // ((n - 1) * itemsize)
+        return [0, 1, 5, most - 1, most, most + 1]
+    whole = n - 1 if collective == "alltoall" else 1  # blocks a rank writes to its slot
     return [0, 1, 5, SHM_MAX_BYTES // (itemsize * whole)]
 
 
@@ -54,7 +60,18 @@ async def one(
         mine.fill(0)
         return not checker or all(np.array_equal(g, w) for g, w in zip(got, shares, strict=True))
     elif collective == "gather":
-        got = await comm.gather(mine, root=root)
+        # The root passes no out=, a separate one, or one whose own block is its x.
+        form = seed % 3 if r == root else 0
+        if form:
+            out = np.full((n, count), 7, dtype)
+            if form == 2:
+                out[r] = mine
+                mine = out[r]
+            got = await comm.gather(mine, root=root, out=out)
+            if form == 2:
+                mine = None  # part of the result now
+        else:
+            got = await comm.gather(mine, root=root)
         want = np.stack(xs) if r == root else None
     elif collective == "scatter":
         blocks = np.stack([make(seed + 1, q, count, dtype) for q in range(n)])
@@ -78,7 +95,8 @@ async def one(
 async def main(collective: str, algorithm: str, out_dir: Path) -> None:
     errors: list[str] = []
     async with trioring.open_communicator() as comm:
-        comm._force_algorithm(collective, algorithm)
+        if algorithm != "auto":
+            comm._force_algorithm(collective, algorithm)
         seed = 0
         for dtype in DTYPES:
             for count in counts(algorithm, collective, comm.world_size, np.dtype(dtype).itemsize):

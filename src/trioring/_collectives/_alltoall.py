@@ -64,10 +64,15 @@ def plan_alltoall(
         assert isinstance(out, np.ndarray)
         result = out
     if forced is None:
-        shm = world.shm is not None and flat.nbytes <= SHM_MAX_BYTES
+        carried = _copies.alltoall_slot_bytes(flat.nbytes, n)
+        shm = world.shm is not None and carried <= SHM_MAX_BYTES
         onehost = (shm, world.peer_pids is not None)
         name = _decision.alltoall(block * flat.dtype.itemsize, n, onehost)
-    elif (why := _decision.copy_unrunnable("alltoall", forced, world, flat.nbytes)) is not None:
+    elif (
+        why := _decision.copy_unrunnable(
+            "alltoall", forced, world, _copies.alltoall_slot_bytes(flat.nbytes, n)
+        )
+    ) is not None:
         raise Refused(why)
     else:
         name = forced

@@ -20,7 +20,8 @@ allgather   total nbytes <= SMALL_ALLGATHER_BYTES                   ``bruck``
 allgather   otherwise                                               ``ring``
 allgatherv  as allgather (total nbytes, once the counts are known),  as allgather
             but never ``shm`` (blocks of differing sizes)
-alltoall    "shm" and nbytes <= SHM_MAX_BYTES                       ``shm``
+alltoall    "shm" and (n-1)/n nbytes <= SHM_MAX_BYTES (own block    ``shm``
+            stays out of the slot)
 alltoall    "cma" and nbytes > CMA_MIN_COPY_BYTES                   ``cma``
 alltoall    block nbytes <= SMALL_ALLTOALL_BLOCK_BYTES and n >= 4   ``bruck``
 alltoall    otherwise                                               ``pairwise``
@@ -29,9 +30,9 @@ gather      "shm" and each rank's block <= SHM_MAX_BYTES            ``shm``
 gather      "cma" and total nbytes > CMA_MIN_COPY_BYTES             ``cma``
 gather      otherwise (an agreement round, then the binomial tree)  ``tree``
 gatherv     any sizes                                               ``tree``
-scatter     "shm", an array on the root that fits its slot beside    ``shm`` (not forceable:
-            the header (the header round goes through the segment      only the root knows the
-            whenever there is one, whatever carries the data)          size before the round)
+scatter     "shm", an array on the root whose other ranks' blocks   ``shm`` (not forceable:
+            fit its slot beside the header (the header round goes      only the root knows the
+            through the segment whenever there is one)                 size before the round)
 scatter     "cma", an array on the root, total > CMA_MIN_COPY_BYTES  ``cma``
 scatter     otherwise (a header round, then the binomial tree)      ``tree``
 scatterv    any sizes                                               ``tree``
@@ -350,12 +351,15 @@ def gather(total_nbytes: int = 0, onehost: tuple[bool, bool] = (False, False)) -
     return "tree"
 
 
-def scatter(total_nbytes: int = 0, cma: bool = False, shm_bytes: int = -1) -> str:
+def scatter(
+    total_nbytes: int = 0, cma: bool = False, slot_bytes: int = -1, world_size: int = 1
+) -> str:
     """The scatter row for ``total_nbytes`` scattered from the root's array (known on every
     rank after the first round; a list on the root, or scatterv, passes nothing, for the
-    tree), with cross-memory attach or without, and ``shm_bytes`` the most the root's slot
-    carries beside the header (-1: no shared segment)."""
-    if total_nbytes <= shm_bytes:
+    tree), with cross-memory attach or without, and ``slot_bytes`` what the root's slot
+    carries beside the header (-1: no shared segment): the other ranks' blocks, all but
+    the root's own, must fit it."""
+    if slot_bytes >= 0 and total_nbytes - total_nbytes // world_size <= slot_bytes:
         return "shm"
     return "cma" if cma and total_nbytes > CMA_MIN_COPY_BYTES else "tree"
 
