@@ -8,7 +8,8 @@
 #   make lint    ruff (lint + format check) and mypy --strict
 #   make docs    build the documentation site (strict) into site/; `make serve` to browse it
 #   make bench   trioring vs torch.distributed Gloo and mpi4py over Open MPI (shared memory and
-#                TCP) on this machine, worlds 2 and 4, alternating runs (10-15 minutes on 2
+#                TCP) on this machine, worlds 2 and 4, alternating runs, and Open MPI in the
+#                same ranks as trioring (bench/paired.py; 10-15 minutes on 2
 #                cores); the Python floor, the budgets; prints the tables and writes
 #                bench/results/*.json and the plots and tables of docs/performance.md. Installs
 #                Open MPI from Debian's packages as root (BENCH_PEERS=gloo to leave MPI out)
@@ -160,6 +161,10 @@ BENCH_PEERS ?= gloo,mpi-shm,mpi-tcp
 comma := ,
 BENCH_TCP_PEERS ?= $(subst $() ,$(comma),$(filter gloo mpi-tcp,$(subst $(comma), ,$(BENCH_PEERS))))
 COMPARE = $(BIN)/python bench/compare.py --rounds $(BENCH_ROUNDS)
+# trioring and Open MPI in the same ranks, a few milliseconds apart (bench/paired.py): the
+# target cells, each side measured in the same stretch of the machine's speed.
+BENCH_PAIRED_SIZES ?= 4,4K,64K,256K,4M,64M
+PAIRED = $(BIN)/python bench/paired.py --sizes $(BENCH_PAIRED_SIZES)
 bench: $(call INSTALL_STAMP,bench)
 	@mkdir -p bench/results
 	$(COMPARE) -n 2 --peers=$(BENCH_PEERS) --sizes $(BENCH_SIZES) --json bench/results/compare_w2.json
@@ -167,6 +172,8 @@ bench: $(call INSTALL_STAMP,bench)
 	$(COMPARE) -n 2 --peers=$(BENCH_PEERS) --sizes $(BENCH_MORE_SIZES) $(BENCH_MORE:%=--collective %) --json bench/results/compare_more_w2.json
 	$(COMPARE) -n 4 --peers=$(BENCH_PEERS) --sizes $(BENCH_MORE_SIZES) $(BENCH_MORE:%=--collective %) --json bench/results/compare_more_w4.json
 	$(COMPARE) -n 2 --peers=$(BENCH_TCP_PEERS) --transport tcp --sizes 4M,64M --collective allreduce --json bench/results/compare_tcp_w2.json
+	$(if $(findstring mpi-shm,$(BENCH_PEERS)),$(PAIRED) -n 2 --json bench/results/paired_w2.json)
+	$(if $(findstring mpi-shm,$(BENCH_PEERS)),$(PAIRED) -n 4 --json bench/results/paired_w4.json)
 	$(BIN)/python bench/budget.py --json bench/results/budget.json
 	$(BIN)/python bench/floor.py --json bench/results/floor.json
 	$(BIN)/python bench/plot.py bench/results/compare_w2.json bench/results/compare_w4.json \

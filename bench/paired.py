@@ -1,0 +1,211 @@
+"""trioring and Open MPI timed in the same processes, a few milliseconds apart.
+
+    .venv/bin/python bench/paired.py -n 2 [--sizes 4,64K,4M] [--collective all] [--windows 9]
+        [--json out.json] [--markdown]
+
+``bench/compare.py`` alternates whole launches: trioring's run, then Open MPI's, seconds
+apart. On a machine whose speed for moving memory between cores changes every few seconds
+(``bench/modes.py``: 3-4x at 64-256 KiB on this project's virtual machines), two sides of
+one cell can land in different stretches, and their ratio is off by that much either way.
+Here both libraries live in the same ranks: ``mpirun`` starts them (``--bind-to none``, the
+``ob1`` PML over the ``vader`` shared-memory BTL, as compare.py's ``mpi-shm``), each rank
+opens a trioring communicator too (Unix sockets with the one-host paths, found from
+mpirun's variables), and every cell runs ``--windows`` windows, each one trioring's block
+of calls and Open MPI's block back to back (the order swapping every window). A window
+takes milliseconds, so both sides of it see the same machine, and the ratio of a window's
+two medians is a like-for-like comparison.
+
+Each block is a few untimed calls, then timed calls as ``trioring bench`` and
+bench/_mpi_worker.py make them (refill, time the call, check the result, an untimed barrier
+of the same library), counted as the slowest rank's time. Reported per cell: each side's
+median over the windows of its block medians, and the median (and range) over windows of
+the per-window ratio trioring / Open MPI. Every result of both sides is checked; a wrong
+one fails the run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).parent
+COLLECTIVES = (
+    "barrier", "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "gather",
+    "scatter", "alltoall",
+)  # fmt: skip
+
+
+def _timed(size: int) -> tuple[int, int]:
+    """(untimed, timed) calls per block: short blocks, so that a window stays within one of
+    the machine's stretches; at 64 MiB one call alone takes 10-100 ms."""
+    if size <= 256 * 1024:
+        return 5, 40
+    if size <= 4 * 1024**2:
+        return 2, 15
+    return 1, 3
+
+
+def _rank(sizes: list[int], collectives: list[str], windows: int) -> None:
+    """One rank: both libraries, every cell, ``windows`` windows each."""
+    sys.path.insert(0, str(HERE))
+    import _mpi_worker  # sets mpi4py's thread level before MPI starts
+    import numpy as np
+    import trio
+    from mpi4py import MPI
+
+    import trioring
+    from trioring._bench_cases import CASES
+
+    world = MPI.COMM_WORLD
+
+    async def main() -> None:
+        async with trioring.open_communicator() as comm:
+            features = sorted(comm.features)
+            cells = []
+            wrong = []
+            for collective in collectives:
+                for size in sizes if collective != "barrier" else [0]:
+                    count = max(1, size // 4) if collective != "barrier" else 0
+                    ours = CASES[collective].prepare(comm, count, np.dtype(np.float32), "sum")
+                    nbytes, reset, call, check = _mpi_worker.prepare(
+                        world, collective, max(1, size // 4)
+                    )
+                    untimed, timed = _timed(size)
+                    sides: dict[str, list[float]] = {"trioring": [], "mpi": []}
+                    bad = {"trioring": 0, "mpi": 0}
+                    for window in range(windows):
+                        order = ("trioring", "mpi") if window % 2 == 0 else ("mpi", "trioring")
+                        for side in order:
+                            times = np.zeros(timed)
+                            for i in range(untimed + timed):
+                                if side == "trioring":
+                                    ours.reset()
+                                    start = time.perf_counter()
+                                    result = await ours.call()
+                                    took = time.perf_counter() - start
+                                    bad[side] += not ours.check(result)
+                                    await comm.barrier()
+                                else:
+                                    reset()
+                                    start = time.perf_counter()
+                                    call()
+                                    took = time.perf_counter() - start
+                                    bad[side] += not check()
+                                    world.Barrier()
+                                if i >= untimed:
+                                    times[i - untimed] = took
+                            world.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
+                            sides[side].append(float(np.median(times)) * 1e6)
+                    for side, errors in bad.items():
+                        if world.allreduce(errors, op=MPI.SUM):
+                            wrong.append(f"{side} {collective} {nbytes} B")
+                    ratios = [t / m for t, m in zip(sides["trioring"], sides["mpi"], strict=True)]
+                    cells.append(
+                        {
+                            "collective": collective,
+                            "size": ours.nbytes,
+                            "world_size": comm.world_size,
+                            "trioring_us": statistics.median(sides["trioring"]),
+                            "mpi_us": statistics.median(sides["mpi"]),
+                            "ratio": statistics.median(ratios),
+                            "ratio_min": min(ratios),
+                            "ratio_max": max(ratios),
+                            "windows": {"trioring_us": sides["trioring"], "mpi_us": sides["mpi"]},
+                        }
+                    )
+            if comm.rank == 0:
+                if wrong:
+                    print("paired: wrong results: " + ", ".join(wrong), file=sys.stderr)
+                library = MPI.Get_library_version().splitlines()[0].split(",")[0].strip()
+                print(
+                    "PAIRED-RESULTS "
+                    + json.dumps({"library": library, "features": features, "cells": cells}),
+                    flush=True,
+                )
+            if wrong:
+                raise SystemExit(1)
+
+    trio.run(main)
+
+
+def _size(text: str) -> int:
+    units = {"K": 1024, "M": 1024**2}
+    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
+
+
+def _label(size: int) -> str:
+    for unit, scale in (("M", 1024**2), ("K", 1024)):
+        if size >= scale and size % scale == 0:
+            return f"{size // scale}{unit}"
+    return str(size)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("-n", type=int, default=2, help="ranks (default 2)")
+    parser.add_argument("--sizes", default="4,64K,4M", help="sizes, as trioring bench's")
+    parser.add_argument("--collective", action="append", help="repeatable, or 'all' (default: all)")
+    parser.add_argument("--windows", type=int, default=9, help="windows per cell (default 9)")
+    parser.add_argument("--mpirun", help="Open MPI's mpirun (default: mpirun on PATH)")
+    parser.add_argument("--json", help="also write the cells to this file")
+    parser.add_argument("--markdown", action="store_true", help="print a Markdown table")
+    args = parser.parse_args()
+    chosen = args.collective or ["all"]
+    collectives = list(COLLECTIVES) if "all" in chosen else chosen
+    sizes = [_size(s) for s in args.sizes.split(",")]
+    mpirun = args.mpirun or shutil.which("mpirun")
+    if mpirun is None:
+        raise SystemExit("paired: needs Open MPI's mpirun (make bench installs it)")
+    command = [
+        mpirun, "--allow-run-as-root", "--oversubscribe", "-n", str(args.n), "--bind-to", "none",
+        "--mca", "pml", "ob1", "--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo",
+        sys.executable, __file__, "--rank", ",".join(map(str, sizes)), ",".join(collectives),
+        str(args.windows),
+    ]  # fmt: skip
+    done = subprocess.run(
+        command,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        timeout=1800,
+        check=False,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("PAIRED-RESULTS ")]
+    if done.returncode or not lines:
+        raise SystemExit(f"paired: the ranks failed ({done.returncode}):\n{done.stderr[-4000:]}")
+    report: dict[str, Any] = json.loads(lines[0].split(" ", 1)[1])
+    report["command"] = " ".join(["bench/paired.py", *sys.argv[1:]])
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    print(
+        f"world {args.n}, trioring ({', '.join(report['features'])}) and {report['library']} "
+        f"(vader) in the same ranks; {args.windows} windows per cell"
+    )
+    header = (
+        "| collective | size | trioring (us) | MPI shm (us) | ratio, median of windows | range |"
+    )
+    print(header if args.markdown else header.replace("|", " "))
+    if args.markdown:
+        print("|---|---:|---:|---:|---:|---:|")
+    for cell in report["cells"]:
+        row = (
+            f"| {cell['collective']} | {_label(cell['size'])} | {cell['trioring_us']:.1f} | "
+            f"{cell['mpi_us']:.1f} | {cell['ratio']:.2f} | "
+            f"{cell['ratio_min']:.2f}-{cell['ratio_max']:.2f} |"
+        )
+        print(row if args.markdown else row.replace("|", " "))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--rank"]:
+        _rank([int(s) for s in sys.argv[2].split(",")], sys.argv[3].split(","), int(sys.argv[4]))
+    else:
+        main()
