@@ -51,9 +51,10 @@ class AlltoallMethods(CommunicatorCore):
         array, plus local rotations); otherwise the pairwise exchange (``n - 1`` steps: in
         step ``k`` send to rank ``rank + k`` while receiving from ``rank - k``, in chunks;
         each byte sent once). See the algorithms page. On one host (the ``"shm"`` and
-        ``"cma"`` entries of :attr:`features`): an input of up to ``SHM_MAX_BYTES`` goes
-        through the shared segment (every rank publishes its blocks and the call, then
-        copies its block out of every peer's slot); above ``CMA_MIN_COPY_BYTES`` in all,
+        ``"cma"`` entries of :attr:`features`): an input whose blocks for the other ranks
+        come to at most ``SHM_MAX_BYTES`` goes through the shared segment (every rank
+        publishes those blocks and the call, copies its own block directly, then copies its
+        block out of every peer's slot); above ``CMA_MIN_COPY_BYTES`` in all,
         every rank reads its block of every peer's ``x`` by cross-memory attach, each byte
         copied once straight from where it is to where it goes; the caller may overwrite its
         arrays as soon as the call returns.

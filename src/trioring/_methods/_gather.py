@@ -60,8 +60,8 @@ class GatherMethods(CommunicatorCore):
         the root receives ``(n-1)/n`` of the result once. Scratch: a rank with children in
         the tree (other than the root) holds its subtree's blocks. On one host (the
         ``"shm"`` and ``"cma"`` entries of :attr:`features`): blocks of up to
-        ``SHM_MAX_BYTES`` go through the shared segment (every rank publishes its block and
-        the call, the root copies them); above ``CMA_MIN_COPY_BYTES`` gathered in all, the
+        ``SHM_MAX_BYTES`` go through the shared segment (every other rank publishes its block
+        and the call, the root the call only, and copies the blocks); above ``CMA_MIN_COPY_BYTES`` gathered in all, the
         agreement round, then the root reads every peer's ``x`` by cross-memory attach, and
         releases the peers once it has read them all, each byte copied once straight from
         where it is to where it goes; the caller may overwrite its arrays as soon as the
@@ -187,9 +187,10 @@ class GatherMethods(CommunicatorCore):
         at once. A list on the root always goes by the tree, even when ``"cma"`` is forced.
         With a shared segment (``"shm"`` in :attr:`features`) the header round goes through
         it instead of the sockets (every rank publishes its header, every rank merges them
-        all), and an array whose blocks fit the root's slot beside the header (about
-        ``SHM_MAX_BYTES`` in all) travels in the same publication: each rank copies its
-        block out of the root's slot, and nothing else is exchanged. That path is chosen by
+        all), and an array whose blocks for the other ranks fit the root's slot beside the
+        header (about ``SHM_MAX_BYTES`` for all but the root's own block, which the root
+        copies directly) travels in the same publication: each rank copies its block out of
+        the root's slot, and nothing else is exchanged. That path is chosen by
         size and cannot be forced: only the root knows the size before the header round.
 
         Raises:
