@@ -60,12 +60,12 @@ class GatherMethods(CommunicatorCore):
         the root receives ``(n-1)/n`` of the result once. Scratch: a rank with children in
         the tree (other than the root) holds its subtree's blocks. On one host (the
         ``"shm"`` and ``"cma"`` entries of :attr:`features`): blocks of up to
-        ``SHM_MAX_BYTES`` go through the shared segment (every other rank publishes its block
-        and the call, the root the call only, and copies the blocks); above ``CMA_MIN_COPY_BYTES`` gathered in all, the
-        agreement round, then the root reads every peer's ``x`` by cross-memory attach, and
-        releases the peers once it has read them all, each byte copied once straight from
-        where it is to where it goes; the caller may overwrite its arrays as soon as the
-        call returns.
+        ``SHM_MAX_BYTES`` go through the shared segment (every other rank publishes its
+        block and the call, the root the call only, and copies the blocks); above
+        ``CMA_MIN_COPY_BYTES`` gathered in all, the agreement round, then the root reads
+        every peer's ``x`` by cross-memory attach, and releases the peers once it has read
+        them all, each byte copied once straight from where it is to where it goes; the
+        caller may overwrite its arrays as soon as the call returns.
 
         Raises:
             InvalidArgumentError: bad ``x``, ``root`` or (on the root) ``out`` (before any
