@@ -188,6 +188,17 @@ def test_scatter_takes_the_segment_when_the_other_ranks_blocks_fit(n: int) -> No
     assert _decision.scatter(n * block, True, -1, n) == "tree"  # no segment
     big = _decision.CMA_MIN_COPY_BYTES + n
     assert _decision.scatter(big, True, slot, n) == ("shm" if n == 1 else "cma")
+    if n > 1:
+        # With a segment, what it cannot carry reads by cross-memory attach (when every
+        # rank agreed to it), from CMA_MIN_SCATTER_BYTES; without one, from
+        # CMA_MIN_COPY_BYTES.
+        over = n * (block + 1)
+        assert over > _decision.CMA_MIN_SCATTER_BYTES
+        assert _decision.scatter(over, True, slot, n) == "cma"
+        assert _decision.scatter(over, False, slot, n) == "tree"
+        assert _decision.scatter(over, True, -1, n) == (
+            "cma" if over > _decision.CMA_MIN_COPY_BYTES else "tree"
+        )
 
 
 @pytest.mark.parametrize("world_size", WORLDS)

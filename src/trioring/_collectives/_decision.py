@@ -33,7 +33,8 @@ gatherv     any sizes                                               ``tree``
 scatter     "shm", an array on the root whose other ranks' blocks   ``shm`` (not forceable:
             fit its slot beside the header (the header round goes      only the root knows the
             through the segment whenever there is one)                 size before the round)
-scatter     "cma", an array on the root, total > CMA_MIN_COPY_BYTES  ``cma``
+scatter     "cma", an array on the root, total > CMA_MIN_SCATTER_   ``cma``
+            BYTES with a shared segment, CMA_MIN_COPY_BYTES without
 scatter     otherwise (a header round, then the binomial tree)      ``tree``
 scatterv    any sizes                                               ``tree``
 ==========  ======================================================  ======================
@@ -351,6 +352,20 @@ def gather(total_nbytes: int = 0, onehost: tuple[bool, bool] = (False, False)) -
     return "tree"
 
 
+#: A scatter too large for the shared segment goes by cross-memory attach from this size
+#: (where there is a segment; CMA_MIN_COPY_BYTES where there is none). Forced in alternating
+#: rounds of one run (bench/thresholds.py, 9-15 rounds of 10 calls, tree against cma, us):
+#: at world 2, 512 KiB 188/170 and 130/125, 768 KiB 150/152, 1 MiB 274/222 and 181/170,
+#: 2 MiB 420/320; world 3, 384 KiB 375/259, 512 KiB 431/249, 1 MiB 529/275; world 4,
+#: 384 KiB 472/400, 512 KiB 394/341 and 333/296, 1 MiB 568/371, 2 MiB 763/512. The sizes
+#: between the segment and this one start above the segment's reach at worlds 2-4 (its
+#: root carries up to about n/(n-1) slots), so every scatter it cannot carry reads by
+#: cross-memory attach there, and no socket send is in the way (see bench/onehost_limits.py).
+#: Without a segment the tree stayed even with or ahead of cma up to 2 MiB, so the
+#: threshold there is CMA_MIN_COPY_BYTES.
+CMA_MIN_SCATTER_BYTES = 256 * 1024
+
+
 def scatter(
     total_nbytes: int = 0, cma: bool = False, slot_bytes: int = -1, world_size: int = 1
 ) -> str:
@@ -361,7 +376,8 @@ def scatter(
     the root's own, must fit it."""
     if slot_bytes >= 0 and total_nbytes - total_nbytes // world_size <= slot_bytes:
         return "shm"
-    return "cma" if cma and total_nbytes > CMA_MIN_COPY_BYTES else "tree"
+    threshold = CMA_MIN_SCATTER_BYTES if slot_bytes >= 0 else CMA_MIN_COPY_BYTES
+    return "cma" if cma and total_nbytes > threshold else "tree"
 
 
 def copy_unrunnable(collective: str, name: str, world: World, nbytes: int) -> str | None:

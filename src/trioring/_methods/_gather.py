@@ -180,7 +180,8 @@ class GatherMethods(CommunicatorCore):
         a dissemination barrier ends the call (an ``out=`` that does not fit its block is
         found by its rank only once its shape is there). Scratch: a rank with children in
         the tree (other than the root) holds its subtree's blocks; the root one chunk.
-        On one host, when the root passes one array of more than ``CMA_MIN_COPY_BYTES``
+        On one host, when the root passes one array too large for the shared segment (of
+        more than ``CMA_MIN_SCATTER_BYTES`` with one, ``CMA_MIN_COPY_BYTES`` without)
         and every rank agreed to use cross-memory attach (``"cma"`` in :attr:`features`),
         every other rank reads its block straight from the root's array after the header
         round, and the root returns once all have; a rank that has read its block returns
