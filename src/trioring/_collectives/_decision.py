@@ -357,7 +357,9 @@ def gather(total_nbytes: int = 0, onehost: tuple[bool, bool] = (False, False)) -
 #: rounds of one run (bench/thresholds.py, 9-15 rounds of 10 calls, tree against cma, us):
 #: at world 2, 512 KiB 188/170 and 130/125, 768 KiB 150/152, 1 MiB 274/222 and 181/170,
 #: 2 MiB 420/320; world 3, 384 KiB 375/259, 512 KiB 431/249, 1 MiB 529/275; world 4,
-#: 384 KiB 472/400, 512 KiB 394/341 and 333/296, 1 MiB 568/371, 2 MiB 763/512. The sizes
+#: 384 KiB 472/400, 512 KiB 394/341 and 333/296, 1 MiB 568/371, 2 MiB 763/512. With a
+#: barrier before each call, as the benchmarks time them (7 rounds of 20 calls): world 2,
+#: 512 KiB 372/148, 1 MiB 222/204, 2 MiB 360/301; world 4, 566/568, 699/569, 988/728. The sizes
 #: between the segment and this one start above the segment's reach at worlds 2-4 (its
 #: root carries up to about n/(n-1) slots), so every scatter it cannot carry reads by
 #: cross-memory attach there, and no socket send is in the way (see bench/onehost_limits.py).
