@@ -36,6 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trioring._bench import format_size, parse_sizes
+
 HERE = Path(__file__).parent
 COLLECTIVES = (
     "barrier", "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "gather",
@@ -136,22 +138,12 @@ def _rank(sizes: list[int], collectives: list[str], windows: int) -> None:
     trio.run(main)
 
 
-def _size(text: str) -> int:
-    units = {"K": 1024, "M": 1024**2}
-    return int(text[:-1]) * units[text[-1]] if text[-1] in units else int(text)
-
-
-def _label(size: int) -> str:
-    for unit, scale in (("M", 1024**2), ("K", 1024)):
-        if size >= scale and size % scale == 0:
-            return f"{size // scale}{unit}"
-    return str(size)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("-n", type=int, default=2, help="ranks (default 2)")
-    parser.add_argument("--sizes", default="4,64K,4M", help="sizes, as trioring bench's")
+    parser.add_argument(
+        "--sizes", default="4,64K,4M", help="sizes, as trioring bench's (a list or LOW:HIGH)"
+    )
     parser.add_argument("--collective", action="append", help="repeatable, or 'all' (default: all)")
     parser.add_argument("--windows", type=int, default=9, help="windows per cell (default 9)")
     parser.add_argument("--mpirun", help="Open MPI's mpirun (default: mpirun on PATH)")
@@ -160,7 +152,7 @@ def main() -> None:
     args = parser.parse_args()
     chosen = args.collective or ["all"]
     collectives = list(COLLECTIVES) if "all" in chosen else chosen
-    sizes = [_size(s) for s in args.sizes.split(",")]
+    sizes = parse_sizes(args.sizes)
     mpirun = args.mpirun or shutil.which("mpirun")
     if mpirun is None:
         raise SystemExit("paired: needs Open MPI's mpirun (make bench installs it)")
@@ -197,7 +189,7 @@ def main() -> None:
         print("|---|---:|---:|---:|---:|---:|")
     for cell in report["cells"]:
         row = (
-            f"| {cell['collective']} | {_label(cell['size'])} | {cell['trioring_us']:.1f} | "
+            f"| {cell['collective']} | {format_size(cell['size'])} | {cell['trioring_us']:.1f} | "
             f"{cell['mpi_us']:.1f} | {cell['ratio']:.2f} | "
             f"{cell['ratio_min']:.2f}-{cell['ratio_max']:.2f} |"
         )

@@ -64,13 +64,12 @@ def plan_alltoall(
         assert isinstance(out, np.ndarray)
         result = out
     if forced is None:
-        carried = _copies.alltoall_slot_bytes(flat.nbytes, n)
-        shm = world.shm is not None and carried <= SHM_MAX_BYTES
+        shm = world.shm is not None and _decision.others_share(flat.nbytes, n) <= SHM_MAX_BYTES
         onehost = (shm, world.peer_pids is not None)
         name = _decision.alltoall(block * flat.dtype.itemsize, n, onehost)
     elif (
         why := _decision.copy_unrunnable(
-            "alltoall", forced, world, _copies.alltoall_slot_bytes(flat.nbytes, n)
+            "alltoall", forced, world, _decision.others_share(flat.nbytes, n)
         )
     ) is not None:
         raise Refused(why)

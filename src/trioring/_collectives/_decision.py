@@ -368,6 +368,13 @@ def gather(total_nbytes: int = 0, onehost: tuple[bool, bool] = (False, False)) -
 CMA_MIN_SCATTER_BYTES = 256 * 1024
 
 
+def others_share(nbytes: int, world_size: int) -> int:
+    """What a slot of the shared segment holds for a call that leaves a rank's own block
+    out of it (a scatter's root, every rank of an alltoall): ``nbytes`` (its whole array,
+    ``world_size`` equal blocks) less that block."""
+    return nbytes - nbytes // world_size
+
+
 def scatter(
     total_nbytes: int = 0, cma: bool = False, slot_bytes: int = -1, world_size: int = 1
 ) -> str:
@@ -376,7 +383,7 @@ def scatter(
     tree), with cross-memory attach or without, and ``slot_bytes`` what the root's slot
     carries beside the header (-1: no shared segment): the other ranks' blocks, all but
     the root's own, must fit it."""
-    if slot_bytes >= 0 and total_nbytes - total_nbytes // world_size <= slot_bytes:
+    if slot_bytes >= 0 and others_share(total_nbytes, world_size) <= slot_bytes:
         return "shm"
     threshold = CMA_MIN_SCATTER_BYTES if slot_bytes >= 0 else CMA_MIN_COPY_BYTES
     return "cma" if cma and total_nbytes > threshold else "tree"

@@ -40,7 +40,6 @@ if TYPE_CHECKING:
     from .._wire import OpSpec
 
 __all__ = [
-    "alltoall_slot_bytes",
     "cma_allgather",
     "cma_alltoall",
     "cma_gather",
@@ -100,12 +99,6 @@ async def shm_gather(
         if not in_place:
             into[r] = flat
     shm_done(world, spec)
-
-
-def alltoall_slot_bytes(nbytes: int, world_size: int) -> int:
-    """What a rank writes into its slot for an alltoall of ``nbytes`` (its whole array):
-    the blocks of the other ranks, not its own, which it copies directly."""
-    return nbytes - nbytes // world_size
 
 
 async def shm_alltoall(world: World, spec: OpSpec, flat: np.ndarray, out: np.ndarray) -> None:
