@@ -50,14 +50,27 @@ def run_reports(
 
 
 def run_killed(
-    worker: Path, worker_args: Sequence[str], out_dir: Path, victim: int, *, n: int = 4
+    worker: Path,
+    worker_args: Sequence[str],
+    out_dir: Path,
+    victim: int,
+    *,
+    n: int = 4,
+    env: Mapping[str, str] | None = None,
 ) -> dict[int, dict[str, Any]]:
     """Run ``worker`` on ``n`` ranks over Unix sockets, one of which (``victim``) SIGKILLs
     itself; the launcher must report a failure and the victim must have written nothing.
     The survivors' reports (``rank{r}.json``), by rank."""
     args = [sys.executable, "-m", "trioring", "run", "-n", str(n), "--transport", "unix"]
     args += ["--no-tag-output", str(worker), *worker_args]
-    process = subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+    process = subprocess.run(
+        args,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        check=False,
+        env={**os.environ, **(env or {})},
+    )
     assert process.returncode != 0, process.stdout + process.stderr
     assert not (out_dir / f"rank{victim}.json").exists()
     return {

@@ -776,7 +776,7 @@ def test_real_processes(tmp_path: Path, transport: str, world_size: int) -> None
 @pytest.mark.parametrize(
     ("collective", "algorithm"),
     [
-        *((c, a) for c in ("gather", "scatter") for a in ("tree", "cma")),
+        *((c, a) for c in ("gather", "scatter") for a in ("tree", "cma", "cma-frames")),
         ("gatherv", "tree"),
         ("scatterv", "tree"),
     ],
@@ -784,19 +784,23 @@ def test_real_processes(tmp_path: Path, transport: str, world_size: int) -> None
 def test_sigkill_during_the_collective(tmp_path: Path, collective: str, algorithm: str) -> None:
     """Rank 2 (rank 3's parent in the tree rooted at 0 at world 4) SIGKILLs itself in the
     middle of the call (by the tree: at its third data frame; by cross-memory attach: as it
-    announces its array to a gather's root, or as a scatter's root announces its blocks to
-    it): every survivor raises PeerFailedError naming it, promptly; none hangs. The one
-    exception is documented: a scatter's non-root that has read its block by cross-memory
-    attach has all it needs and returns; the root and the rest of the world learn of the
-    death, the root at once."""
-    if algorithm == "cma" and not trioring.is_available("cma"):
+    exposes its array to a gather's root, or before it reads its block of a scatter's
+    root; ``cma-frames``: the same without a shared segment, the control going by frames):
+    every survivor raises PeerFailedError naming it, promptly; none hangs. The one
+    exception is documented: without a segment, a scatter's non-root that has read its
+    block by cross-memory attach has all it needs and returns; the root and the rest of the
+    world learn of the death, the root at once. (Through the segment every rank waits for
+    every rank's done word, so all raise.)"""
+    if algorithm.startswith("cma") and not trioring.is_available("cma"):
         pytest.skip("process_vm_readv is not permitted on this machine")
     victim = 2
+    env = {"TRIORING_SHM": "0"} if algorithm == "cma-frames" else {}
+    forced = algorithm.removesuffix("-frames")
     survivors = run_killed(
-        WORKER, ["kill", str(tmp_path), collective, str(victim), algorithm], tmp_path, victim
+        WORKER, ["kill", str(tmp_path), collective, str(victim), forced], tmp_path, victim, env=env
     )
     for rank, report in survivors.items():
-        had_its_block = collective == "scatter" and algorithm == "cma" and rank != 0
+        had_its_block = collective == "scatter" and algorithm == "cma-frames" and rank != 0
         if had_its_block and report["error"] is None:
             continue  # see above
         assert report["error"] == "PeerFailedError", report

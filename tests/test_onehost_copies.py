@@ -1,6 +1,7 @@
 """The one-host paths of the collectives that only copy: the shared segment (allgather,
 gather, alltoall; scatter on each side of where the decision table stops taking it) and
-cross-memory attach (those and allgatherv and scatter), each forced at worlds 2-5 in
+cross-memory attach (those and allgatherv and scatter; with its control through the segment,
+and by frames where there is no segment), each forced at worlds 2-5 in
 real processes over Unix sockets, on seeded inputs of several dtypes at sizes from empty to
 several chunks, with every rank that is not checking overwriting its buffers the moment a
 call returns (see tests/workers/onehost_worker.py). A call too large for the shared segment
@@ -20,6 +21,14 @@ WORKER = Path(__file__).parent / "workers" / "onehost_worker.py"
 CASES = [
     *((c, "shm") for c in ("allgather", "gather", "alltoall")),
     *((c, "cma") for c in ("allgather", "allgatherv", "gather", "scatter", "alltoall")),
+    # Cross-memory attach without a shared segment: its control goes by frames.
+    *((c, "cma-frames") for c in ("allgather", "gather", "scatter", "alltoall")),
+    # The reductions by cross-memory attach read like the copies do.
+    *(
+        (c, a)
+        for c in ("reduce_scatter", "reduce_scatterv", "reduce")
+        for a in ("cma", "cma-frames")
+    ),
     # Only the root knows a scatter's size before its first round, so its segment path
     # cannot be forced: the worker scatters on each side of where the decision leaves it.
     ("scatter", "auto"),
@@ -29,13 +38,21 @@ CASES = [
 @pytest.mark.parametrize("n", [2, 3, 5])
 @pytest.mark.parametrize(("collective", "algorithm"), CASES)
 def test_forced_onehost_path(tmp_path: Path, collective: str, algorithm: str, n: int) -> None:
-    feature = "shm" if algorithm == "auto" else algorithm
+    feature = {"auto": "shm", "cma-frames": "cma"}.get(algorithm, algorithm)
     if not trioring.is_available(feature):
         pytest.skip(f"{feature} is not available here: {trioring.capabilities()}")
-    reports = run_reports(WORKER, [collective, algorithm, str(tmp_path)], tmp_path, n)
+    env = {"TRIORING_SHM": "0"} if algorithm == "cma-frames" else {}
+    forced = algorithm.removesuffix("-frames")
+    reports = run_reports(WORKER, [collective, forced, str(tmp_path)], tmp_path, n, env=env)
     errors = [error for report in reports for error in report["errors"]]
     assert not errors, "\n".join(errors)
     assert all(feature in report["features"] for report in reports)
+    if algorithm == "cma-frames":
+        assert all("shm" not in report["features"] for report in reports)
+    elif algorithm == "cma":
+        assert all("shm" in report["features"] for report in reports) is trioring.is_available(
+            "shm"
+        )
     if algorithm == "shm" and collective != "allgatherv":
         for report in reports:
             refused = report["refused"]

@@ -27,6 +27,7 @@ from launched import run_killed, run_reports
 from local_runs import force, on_every_rank
 from trioring._algorithms import tree_neighbours
 from trioring._collectives import _decision
+from trioring._collectives._decision import CMA_MIN_COPY_BYTES
 from trioring.testing import open_local_world
 
 if TYPE_CHECKING:
@@ -133,10 +134,11 @@ def fits(name: str, nbytes: int, world_size: int) -> bool:
 
 
 def test_every_algorithm_is_covered() -> None:
-    # In-process worlds have no shared segment: "shm" runs in test_real_processes.
-    assert _decision.ALGORITHMS["reduce_scatter"] == ("shm", *SCATTER_ALGORITHMS)
-    assert _decision.ALGORITHMS["reduce_scatterv"] == ("shm", *SCATTER_ALGORITHMS)
-    assert _decision.ALGORITHMS["reduce"] == ("shm", *REDUCE_ALGORITHMS)
+    # In-process worlds have no shared segment or cross-memory attach: "shm" and "cma" run
+    # in test_real_processes (and "cma" in tests/test_onehost_copies.py).
+    assert _decision.ALGORITHMS["reduce_scatter"] == ("shm", "cma", *SCATTER_ALGORITHMS)
+    assert _decision.ALGORITHMS["reduce_scatterv"] == ("shm", "cma", *SCATTER_ALGORITHMS)
+    assert _decision.ALGORITHMS["reduce"] == ("shm", "cma", *REDUCE_ALGORITHMS)
 
 
 @pytest.mark.parametrize(
@@ -172,6 +174,28 @@ def test_reduce_scatter_decision(nbytes: int, small: int, expected: str) -> None
     # The shared segment, where there is one, takes what fits it, whatever the sizes above.
     assert _decision.reduce_scatter(nbytes, small, nbytes) == "shm"
     assert _decision.reduce_scatter(nbytes + 1, nbytes + 1, nbytes) == "recursive_halving"
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4, 8])
+def test_cross_memory_attach_takes_what_the_segment_does_not(world_size: int) -> None:
+    """With "cma", reduce_scatter reads directly whatever the shared segment does not take,
+    and above CMA_MIN_REDUCE_SCATTER_BYTES without a segment; reduce at world sizes of 3
+    and more above CMA_MIN_REDUCE_BYTES (with a segment) or CMA_MIN_COPY_BYTES (without).
+    Without "cma", the socket algorithms as before."""
+    small = _decision.SMALL_REDUCE_SCATTER_BYTES
+    limit = _decision.CMA_MIN_REDUCE_SCATTER_BYTES
+    segment = 65536
+    assert _decision.reduce_scatter(segment, small, segment, True) == "shm"
+    assert _decision.reduce_scatter(segment + 1, small, segment, True) == "cma"
+    assert _decision.reduce_scatter(segment + 1, small, segment, False) == "recursive_halving"
+    assert _decision.reduce_scatter(limit, small, -1, True) == "recursive_halving"
+    assert _decision.reduce_scatter(limit + 1, small, -1, True) == "cma"
+    assert _decision.reduce_scatter(limit + 1, small, -1, False) == "ring"
+    for shm, limit in ((segment, _decision.CMA_MIN_REDUCE_BYTES), (-1, CMA_MIN_COPY_BYTES)):
+        far = world_size >= 3
+        assert _decision.reduce(limit, world_size, shm, True) == ("shm" if shm >= limit else "tree")
+        assert _decision.reduce(limit + 1, world_size, shm, True) == ("cma" if far else "tree")
+        assert _decision.reduce(limit + 1, world_size, shm, False) == "tree"
 
 
 def test_reduce_takes_the_segment_where_it_fits() -> None:
@@ -747,8 +771,12 @@ def test_real_processes(tmp_path: Path, transport: str, world_size: int) -> None
     ("collective", "algorithm", "victim"),
     [
         ("reduce_scatter", "ring", 3),
+        ("reduce_scatter", "cma", 3),
+        ("reduce_scatter", "cma-frames", 3),
         ("reduce", "tree", 2),
         ("reduce", "reduce_scatter_gather", 2),
+        ("reduce", "cma", 2),
+        ("reduce", "cma-frames", 2),
     ],
 )
 def test_sigkill_during_the_collective(
@@ -756,9 +784,12 @@ def test_sigkill_during_the_collective(
 ) -> None:
     """A rank SIGKILLs itself in the middle of the collective (at its third reduction of a
     chunk; rank 2 has a child in reduce's tree at world 4): every survivor raises promptly,
-    none hangs."""
-    args = ["kill", str(tmp_path), collective, str(victim), algorithm]
-    for report in run_killed(WORKER, args, tmp_path, victim).values():
+    none hangs. ``cma-frames``: cross-memory attach without a shared segment."""
+    if algorithm.startswith("cma") and not trioring.is_available("cma"):
+        pytest.skip("process_vm_readv is not permitted on this machine")
+    env = {"TRIORING_SHM": "0"} if algorithm == "cma-frames" else {}
+    args = ["kill", str(tmp_path), collective, str(victim), algorithm.removesuffix("-frames")]
+    for report in run_killed(WORKER, args, tmp_path, victim, env=env).values():
         assert report["error"] in ("PeerFailedError", "PeerAbortedError"), report
         assert report["elapsed"] < 5.0, report
 

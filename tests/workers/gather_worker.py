@@ -9,8 +9,9 @@
   ``gatherv``, ``scatter`` or ``scatterv``, root 0; the uneven ones with rank q's share
   (q + 1) MiB) on 16 MiB of float32 per rank (1 MiB chunks), by ALGORITHM
   (forced); rank VICTIM SIGKILLs itself in the middle of the call: by the tree at its third
-  data frame, sent or received; by cross-memory attach (``cma``) as it announces its
-  array's address, so that the root waits for an announcement that never comes.
+  data frame, sent or received; by cross-memory attach (``cma``) as it exposes its
+  array's address (a gather's peer: the root waits for it) or before it reads (a
+  scatter's).
   Survivors report what they raised, about which peer, and how long after the call's
   start. They ignore SIGTERM, so that the launcher's teardown after the victim's death does
   not race their report.
@@ -31,7 +32,7 @@ import trio
 
 import trioring
 from trioring import _framing
-from trioring._onehost._cma_collectives import ANNOUNCE
+from trioring._onehost import _cma, _cma_collectives, _copies
 
 #: Frames larger than this are data (the tokens and headers before them are smaller).
 _DATA_FRAME = 64 * 1024
@@ -86,16 +87,28 @@ async def check(comm: trioring.Communicator, errors: list[str]) -> None:
 
 
 def kill_at_third_data_frame(algorithm: str) -> None:
-    """SIGKILL this process at its third data frame, sent or received (with ``cma``: at
-    the first announcement of an address, sent by a gather's peer, received by a
-    scatter's)."""
+    """SIGKILL this process at its third data frame, sent or received (with ``cma``: as it
+    exposes its array, a gather's peer, or before its first read, a scatter's peer; through
+    the shared segment or by frames, whichever the communicator uses)."""
+    if algorithm == "cma":
+
+        def die(*args: Any, **kwargs: Any) -> Any:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        original_expose = _cma_collectives.expose
+
+        async def expose(world: Any, spec: Any, exposed: Any, *args: Any) -> Any:
+            if exposed is not None:
+                die()
+            return await original_expose(world, spec, exposed, *args)
+
+        _cma_collectives.expose = _copies.expose = expose  # type: ignore[assignment]
+        _cma.read_into = die
+        return
     frames = [0]
 
     def count(nbytes: int) -> None:
-        if algorithm == "cma":
-            if nbytes == ANNOUNCE.size:
-                os.kill(os.getpid(), signal.SIGKILL)
-        elif nbytes > _DATA_FRAME:
+        if nbytes > _DATA_FRAME:
             frames[0] += 1
             if frames[0] == 3:
                 os.kill(os.getpid(), signal.SIGKILL)
@@ -107,11 +120,8 @@ def kill_at_third_data_frame(algorithm: str) -> None:
         await original_send(self, spec, offset, payload)
 
     async def recv(self: Any, spec: Any, offset: int, into: memoryview) -> None:
-        if algorithm == "cma":
-            count(into.nbytes)  # before the address is read: the read never happens
         await original_recv(self, spec, offset, into)
-        if algorithm != "cma":
-            count(into.nbytes)
+        count(into.nbytes)
 
     _framing.Link.send = send  # type: ignore[method-assign]
     _framing.Link.recv = recv  # type: ignore[method-assign]

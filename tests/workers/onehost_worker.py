@@ -1,5 +1,6 @@
 """One rank of tests/test_onehost_copies.py: a copying collective (allgather, allgatherv,
-gather, scatter, alltoall) forced onto a one-host path (``shm`` or ``cma``), or a scatter left
+gather, scatter, alltoall), or reduce_scatter(v) or reduce, forced onto a one-host path (``shm`` or
+``cma``), or a scatter left
 to the decision table (``auto``), at sizes from empty to several chunks, on seeded inputs, checked exactly, with each rank's buffers
 overwritten the moment the call returns (a peer still reading them would get garbage).
 
@@ -78,6 +79,31 @@ async def one(
         mine = blocks.copy() if r == root else None
         got = await comm.scatter(mine, root=root)
         want = blocks[r]
+    elif collective in ("reduce_scatter", "reduce_scatterv"):
+        if dtype == "bool":
+            return True  # no sum of bools
+        xs = [make(seed, q, n * count, dtype) for q in range(n)]
+        mine = xs[r].copy()
+        if collective == "reduce_scatter":
+            got = await comm.reduce_scatter(mine)
+            lo, hi = r * count, (r + 1) * count
+        else:
+            # Uneven blocks: rank 0's empty, the last one's the largest.
+            shares = [0, *([n * count // (n - 1)] * (n - 1))]
+            shares[-1] += n * count - sum(shares)
+            got = await comm.reduce_scatterv(mine, counts=shares)
+            lo = sum(shares[:r])
+            hi = lo + shares[r]
+        want = np.sum(np.stack(xs), axis=0, dtype=dtype)[lo:hi]
+    elif collective == "reduce":
+        if dtype == "bool":
+            return True
+        xs = [make(seed, q, count, dtype) for q in range(n)]
+        mine = xs[r].copy()
+        await comm.reduce(mine, root=root)
+        # The root's array is the result; the others' must be as they were.
+        got = mine.copy()
+        want = np.sum(np.stack(xs), axis=0, dtype=dtype) if r == root else xs[r]
     else:
         sent = np.stack([make(seed + 10 * q, r, count, dtype) for q in range(n)])
         mine = sent.copy()

@@ -42,6 +42,8 @@ def runnable(comm: trioring.Communicator, algorithm: str, nbytes: int) -> bool:
     """Whether the forced ``algorithm`` takes an input of ``nbytes`` here."""
     if algorithm == "shm":
         return "shm" in comm.features and nbytes <= _reduce.shm_limit(comm._world)
+    if algorithm == "cma":
+        return "cma" in comm.features
     if algorithm == "recursive_halving":
         return nbytes <= _reduce.small_bytes(comm._world)
     return True

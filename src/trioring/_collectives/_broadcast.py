@@ -51,6 +51,10 @@ def body(
         # included) reaches every rank from every rank, so ranks that disagree about the
         # root find out before any data moves. A tree alone cannot: if the root itself
         # thinks another rank is the root, nobody would ever send.
+        if name == "cma" and world.shm is not None:
+            # The call's publication on the segment agrees instead (see expose).
+            await _cma_collectives.cma_broadcast(world, spec, flat, root)
+            return
         await _algorithms.barrier(world, spec)
         if name == "cma":
             await _cma_collectives.cma_broadcast(world, spec, flat, root)

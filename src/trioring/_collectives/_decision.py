@@ -43,10 +43,14 @@ scatterv    any sizes                                               ``tree``
 collective       condition (see REDUCE_FAMILY below)                  algorithm
 ===============  ===================================================  =========================
 reduce_scatter   "shm" and nbytes <= allreduce's share of the segment  ``shm``
+reduce_scatter   "cma", and "shm" or nbytes >                          ``cma``
+                 CMA_MIN_REDUCE_SCATTER_BYTES
 reduce_scatter   nbytes <= min(SMALL_REDUCE_SCATTER_BYTES, chunk)     ``recursive_halving``
 reduce_scatter   otherwise                                            ``ring``
 reduce_scatterv  as reduce_scatter (total nbytes)                     as reduce_scatter
 reduce           "shm" and nbytes <= allreduce's share of the segment  ``shm``
+reduce           "cma", n >= 3, nbytes > CMA_MIN_REDUCE_BYTES with      ``cma``
+                 "shm", CMA_MIN_COPY_BYTES without
 reduce           nbytes <= SMALL_REDUCE_BYTES, or n <= 2              ``tree``
 reduce           otherwise                                            ``reduce_scatter_gather``
 ===============  ===================================================  =========================
@@ -87,6 +91,8 @@ if TYPE_CHECKING:
 __all__ = [
     "ALGORITHMS",
     "CMA_MIN_BYTES",
+    "CMA_MIN_REDUCE_BYTES",
+    "CMA_MIN_REDUCE_SCATTER_BYTES",
     "SMALL_ALLGATHER_BYTES",
     "SMALL_ALLREDUCE_BYTES",
     "SMALL_ALLTOALL_BLOCK_BYTES",
@@ -168,9 +174,9 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
     "barrier": ("shm", "dissemination"),
     "allgather": ("shm", "cma", "bruck", "recursive_doubling", "ring"),
     "allgatherv": ("cma", "bruck", "recursive_doubling", "ring"),
-    "reduce_scatter": ("shm", "recursive_halving", "ring"),
-    "reduce_scatterv": ("shm", "recursive_halving", "ring"),
-    "reduce": ("shm", "tree", "reduce_scatter_gather"),
+    "reduce_scatter": ("shm", "cma", "recursive_halving", "ring"),
+    "reduce_scatterv": ("shm", "cma", "recursive_halving", "ring"),
+    "reduce": ("shm", "cma", "tree", "reduce_scatter_gather"),
     "gather": ("shm", "cma", "tree"),
     "gatherv": ("tree",),
     "scatter": ("cma", "tree"),
@@ -197,6 +203,29 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
 # 1 MiB 1254 / 2134. Recursive halving won at every size it takes (up to the scratch
 # buffer, one chunk), so SMALL_REDUCE_SCATTER_BYTES is that chunk, not MPICH's 512 KiB.
 SMALL_REDUCE_SCATTER_BYTES = 1024 * 1024
+#
+# On one host with cross-memory attach, reduce_scatter and reduce_scatterv read each peer's
+# block of their input directly (_cma_collectives.cma_reduce_scatter) whenever the shared
+# segment, where there is one, cannot take the call, and without a segment (the control
+# then goes by frames) above CMA_MIN_REDUCE_SCATTER_BYTES. Measured with
+# bench/thresholds.py (float32, 7 alternating rounds of 10 calls, slowest rank; cma against
+# recursive halving up to 1 MiB, the ring above, us): with a segment at world 2, 256 KiB
+# 70 / 114, 1 MiB 154 / 228, 4 MiB 378 / 895, 16 MiB 2235 / 3992; at world 3, 384 KiB 400 /
+# 537; at world 4, 256 KiB 368 / 402, 1 MiB 610 / 1007, 4 MiB 1637 / 3560, 16 MiB 5654 /
+# 12829. Without a segment at world 2, 64 KiB 91 / 78, 256 KiB 109 / 132, 1 MiB 220 / 295;
+# at world 4, 256 KiB 691 / 606, 1 MiB 952 / 999.
+CMA_MIN_REDUCE_SCATTER_BYTES = 1024 * 1024
+# Reduce reads the same way (_cma_collectives.cma_reduce: each rank reduces a segment, the
+# root copies the finished ones), at world sizes of 3 and more, above CMA_MIN_REDUCE_BYTES
+# with a segment and CMA_MIN_COPY_BYTES without. At world 2 the tree stays: it was as fast
+# or faster (with a segment, 4 MiB: 679 against 682 us, 849 against 711, 1352 against 3141
+# in three runs; without, 1 MiB 216 / 261), since the root copies and reduces as much either
+# way and the tree's sender runs ahead through the socket buffer. With a segment at world 3
+# (cma / tree, us): 512 KiB 508 / 488, 1 MiB 546 / 659, 4 MiB 1829 / 2290; at world 4,
+# 256 KiB 376 / 571, 1 MiB 608 / 889, 4 MiB 2352 / 3264, 16 MiB 9194 / 10616. Without a
+# segment at world 3, 1 MiB 925 / 571, 4 MiB 2314 / 2597; at world 4, 1 MiB 932 / 988, 4 MiB
+# 2616 / 3991.
+CMA_MIN_REDUCE_BYTES = 512 * 1024
 # For reduce, MPICH takes the binomial tree, ceil(log2 n) (alpha + m beta + m gamma), up to
 # 2 KiB (REDUCE_SHORT) and Rabenseifner's reduce-scatter + gather,
 # 2 log2 n alpha + 2 ((n-1)/n) m beta + ((n-1)/n) m gamma, above: the root receives about
@@ -258,21 +287,26 @@ def allgather(
     return "bruck" if total_nbytes <= SMALL_ALLGATHER_BYTES else "ring"
 
 
-def reduce_scatter(nbytes: int, small_bytes: int, shm_bytes: int = -1) -> str:
+def reduce_scatter(nbytes: int, small_bytes: int, shm_bytes: int = -1, cma: bool = False) -> str:
     """The reduce_scatter and reduce_scatterv row for an input of ``nbytes``, the same on
     every rank; ``small_bytes`` is the largest input recursive halving takes here,
-    ``shm_bytes`` the largest the shared segment takes (-1: none; see REDUCE_FAMILY
-    above)."""
+    ``shm_bytes`` the largest the shared segment takes (-1: none), ``cma`` whether
+    cross-memory attach was agreed (see REDUCE_FAMILY above)."""
     if nbytes <= shm_bytes:
         return "shm"
+    if cma and (shm_bytes >= 0 or nbytes > CMA_MIN_REDUCE_SCATTER_BYTES):
+        return "cma"
     return "recursive_halving" if nbytes <= small_bytes else "ring"
 
 
-def reduce(nbytes: int, world_size: int, shm_bytes: int = -1) -> str:
-    """The reduce row for an array of ``nbytes``; ``shm_bytes`` as for
+def reduce(nbytes: int, world_size: int, shm_bytes: int = -1, cma: bool = False) -> str:
+    """The reduce row for an array of ``nbytes``; ``shm_bytes`` and ``cma`` as for
     :func:`reduce_scatter` (see REDUCE_FAMILY above)."""
     if nbytes <= shm_bytes:
         return "shm"
+    cma_above = CMA_MIN_REDUCE_BYTES if shm_bytes >= 0 else CMA_MIN_COPY_BYTES
+    if cma and world_size >= 3 and nbytes > cma_above:
+        return "cma"
     if nbytes <= SMALL_REDUCE_BYTES or world_size <= 2:
         return "tree"
     return "reduce_scatter_gather"

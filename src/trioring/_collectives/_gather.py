@@ -118,7 +118,9 @@ def plan_gather(
             # Every rank publishes the call on the segment: a disagreement raises everywhere.
             await _copies.shm_gather(world, spec, flat, gathered, checked_root, in_place=in_place)
             return
-        await _algorithms.barrier(world, spec)
+        if name != "cma" or world.shm is None:
+            # With a segment, the publication of the call agrees instead (see expose).
+            await _algorithms.barrier(world, spec)
         if name == "cma":
             if gathered is not None:
                 own = gathered[r * count : (r + 1) * count]
@@ -280,10 +282,19 @@ def plan_scatter(
 
     async def scatter_from_root(spec: OpSpec) -> None:
         by = _scatter_by(world, forced, n * own_count * dtype.itemsize if form == _ARRAY else -1)
+        announced = None
         if world.shm is not None:
-            payload = _others(parts[0], r * own_count, (r + 1) * own_count) if by == "shm" else ()
-            await _copies.shm_disseminate(world, spec, header, _merge, payload)
-            shm_done(world, spec)
+            if by == "shm":
+                payload = _others(parts[0], r * own_count, (r + 1) * own_count)
+            elif by == "cma":
+                payload = (_copies.scatter_address(parts[0]),)
+            else:
+                payload = ()
+            rows = await _copies.shm_disseminate(world, spec, header, _merge, payload)
+            if by == "cma":
+                announced = _copies.scatter_words(rows, header.nbytes)
+            else:
+                shm_done(world, spec)
         else:
             await _algorithms.disseminate(world, spec, header, _merge)
         any_out = _check_header(world, spec, header, checked_root)[_ANY_OUT]
@@ -294,7 +305,7 @@ def plan_scatter(
         if form == _ARRAY:
             data = spec._replace(dtype_code=DTYPE_CODES[dtype], count=own_count)
             if by == "cma":
-                await _copies.cma_scatter(world, data, parts[0], result, checked_root)
+                await _copies.cma_scatter(world, data, parts[0], result, checked_root, announced)
                 return
             sizes = [own_count] * n
             await _algorithms.tree_scatter(world, data, parts, sizes, checked_root, result)
@@ -431,14 +442,17 @@ def _scatter_elsewhere(
                 # The root's slot holds every block but its own, after the header.
                 at = HEADER_WORDS * 8 + (r - (r > root)) * count * dtype.itemsize
                 result.view(np.uint8)[...] = rows[root, at : at + result.nbytes]
-        if rows is not None:
+        if rows is not None and by != "cma":
             shm_done(world, spec)
         if by == "shm":
             return
         if h[_FORM] == _ARRAY:
             data = spec._replace(dtype_code=h[_DTYPE], count=count)
             if by == "cma":
-                await _copies.cma_scatter(world, data, None, result, root)
+                # With a segment, the root's address came with the header (and this rank's
+                # done word waits for the end of the copy).
+                announced = None if rows is None else _copies.scatter_words(rows, header.nbytes)
+                await _copies.cma_scatter(world, data, None, result, root, announced)
                 return
             await _algorithms.tree_scatter(world, data, None, [count] * n, root, result)
             return

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import _algorithms
-from .._onehost import _shm_collectives
+from .._onehost import _cma_collectives, _shm_collectives
 from .._wire import DTYPE_CODES, NO_ROOT
 from . import _decision
 from ._allreduce import OP_CODES, UFUNCS, ReduceOp, check, shm_bytes
@@ -145,6 +145,10 @@ def unrunnable(collective: str, name: str, world: World, nbytes: int) -> str | N
                 f"{shm_bytes(world)} bytes here, not {nbytes}"
             )
         return None
+    if name == "cma":
+        if world.peer_pids is None:
+            return f"the forced {collective} algorithm 'cma' needs the \"cma\" feature"
+        return None
     if name == "recursive_halving" and world.size > 1 and nbytes > world.scratch.nbytes:
         return (
             f"the forced {collective} algorithm 'recursive_halving' takes arrays of at most "
@@ -171,10 +175,12 @@ def reduce_scatter_body(
     reduce_op: ReduceOp,
 ) -> Callable[[OpSpec], Awaitable[None]]:
     """The Communicator's step that reduce-scatters ``flat`` into ``out`` by the algorithm
-    ``name`` (``"shm"``, ``"recursive_halving"`` or ``"ring"``), for reduce_scatter and
-    reduce_scatterv alike."""
+    ``name`` (``"shm"``, ``"cma"``, ``"recursive_halving"`` or ``"ring"``), for
+    reduce_scatter and reduce_scatterv alike."""
     if name == "shm":
         algorithm = _shm_collectives.shm_reduce_scatter
+    elif name == "cma":
+        algorithm = _cma_collectives.cma_reduce_scatter
     elif name == "recursive_halving":
         algorithm = _algorithms.recursive_halving_reduce_scatter
     else:
@@ -191,7 +197,7 @@ def reduce_body(
     name: str, world: World, flat: np.ndarray, root: int, reduce_op: ReduceOp
 ) -> Callable[[OpSpec], Awaitable[None]]:
     """The Communicator's step that reduces ``flat`` into root's by the algorithm ``name``
-    (``"shm"``, ``"tree"`` or ``"reduce_scatter_gather"``, whose reduce-scatter is the one
+    (``"shm"``, ``"cma"``, ``"tree"`` or ``"reduce_scatter_gather"``, whose reduce-scatter is the one
     the reduce_scatter row picks for ``flat``'s size among the socket algorithms, so that it
     runs at any size)."""
     ufunc, divide = UFUNCS[reduce_op], reduce_op is ReduceOp.MEAN
@@ -213,14 +219,21 @@ def reduce_body(
             )
 
         return reduce_scatter_then_gather
-    assert name == "tree", name
+    assert name in ("tree", "cma"), name
 
     async def agree_then_reduce(spec: OpSpec) -> None:
         # Agree first, as broadcast does: in a tree, ranks that disagree about the root could
         # each wait for the other's data forever; a dissemination round of tokens carrying
-        # the call's identity (root included) reaches every rank from every rank.
+        # the call's identity (root included) reaches every rank from every rank. Through
+        # the shared segment, cross-memory attach's publication of the call agrees instead.
+        if name == "cma" and world.shm is not None:
+            await _cma_collectives.cma_reduce(world, spec, flat, root, ufunc, divide=divide)
+            return
         await _algorithms.barrier(world, spec)
-        await _algorithms.tree_reduce(world, spec, flat, root, ufunc, divide=divide)
+        if name == "cma":
+            await _cma_collectives.cma_reduce(world, spec, flat, root, ufunc, divide=divide)
+        else:
+            await _algorithms.tree_reduce(world, spec, flat, root, ufunc, divide=divide)
 
     return agree_then_reduce
 
@@ -247,7 +260,9 @@ def plan_reduce_scatter(
             array, counts, op, out, world.size, world.rank
         )
     if forced is None:
-        name = _decision.reduce_scatter(flat.nbytes, small_bytes(world), shm_limit(world))
+        name = _decision.reduce_scatter(
+            flat.nbytes, small_bytes(world), shm_limit(world), world.peer_pids is not None
+        )
     elif (why := unrunnable(collective, forced, world, flat.nbytes)) is not None:
         raise Refused(why)
     else:
@@ -268,7 +283,9 @@ def plan_reduce(
     """Everything reduce needs before any I/O, as :func:`plan_reduce_scatter`; or Refused."""
     flat, reduce_op, checked_root = check_reduce(array, op, root, world.size)
     if forced is None:
-        name = _decision.reduce(flat.nbytes, world.size, shm_limit(world))
+        name = _decision.reduce(
+            flat.nbytes, world.size, shm_limit(world), world.peer_pids is not None
+        )
     elif (why := unrunnable("reduce", forced, world, flat.nbytes)) is not None:
         raise Refused(why)
     else:

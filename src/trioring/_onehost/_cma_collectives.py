@@ -1,4 +1,5 @@
-"""Allreduce and broadcast by cross-memory attach between the ranks of one host."""
+"""Allreduce, broadcast, reduce and reduce_scatter by cross-memory attach between the ranks of
+one host."""
 
 from __future__ import annotations
 
@@ -10,54 +11,149 @@ import numpy as np
 import trio
 
 from .._algorithms import World, chunks
-from .._concurrency import run_concurrently
 from .._util import ignore_fp_errors
 from . import _cma
+from ._shm_collectives import shm_claim, shm_finish, shm_publish, shm_ready, shm_wait
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Iterable, Sequence
 
-    from .._framing import Link
     from .._wire import OpSpec
 
-__all__ = ["ANNOUNCE", "cma_allreduce", "cma_broadcast", "parse_announce", "read_peer"]
+__all__ = [
+    "ANNOUNCE",
+    "address_of",
+    "cma_allreduce",
+    "cma_broadcast",
+    "cma_reduce",
+    "cma_reduce_scatter",
+    "expose",
+    "finish",
+    "read_peer",
+]
 
 
 # -- cross-memory attach ---------------------------------------------------------------------
 #
 # Ranks on one host read each other's arrays directly (see _cma), so each byte is copied once.
-# Frames still carry every step's identity (mismatches raise as with sockets), and they order
-# the memory accesses: a rank reads a region of a peer's array only after the peer said the
-# region holds what the step needs, and it returns only after every peer said it has finished
-# reading its array, so a caller may overwrite the array as soon as the call returns.
+# A few words of control order the memory accesses: a rank reads a region of a peer's array
+# only after the peer said the region holds what the step needs, and it returns only after
+# every peer said it has finished reading its array, so a caller may overwrite the array as
+# soon as the call returns. With a shared segment those words go through it (the call's
+# publication with the array's address, a ready word, the done words: see _shm): no system
+# call, and the publication checks the call's identity on every rank. Without one they are
+# frames, which carry every step's identity (mismatches raise as with sockets). Measured
+# against Open MPI in the same ranks (bench/paired.py, 9 windows, ratio trioring / Open MPI),
+# frames (TRIORING_SHM=0) against the segment at world 2: broadcast 1 MiB 2.00 / 1.32,
+# 4 MiB 1.22 / 1.14; allreduce 1 MiB 1.67 / 1.41, 4 MiB 1.51 / 1.39. At world 4 (2 cores,
+# the windows spread 0.8-2.7) 1 MiB gained (allreduce 2.48-2.57 / 1.74-1.86, broadcast
+# 1.41-2.02 / 1.07-1.22) and 4 MiB stayed within the spread (1.26-1.65 / 1.53-1.62).
 
 #: How long a copy may hold the thread before it lets other tasks run.
 _SCHEDULE_EVERY_SECONDS = 0.001
+#: One read takes at most this much (or the communicator's chunk, if larger): 4 MiB takes
+#: 250-450 us here, so a cancellation is still noticed within about half a millisecond.
+#: In 1 MiB reads a 4 MiB broadcast at world 2 took 5-10 % longer (420-486 against 363-434
+#: us, the reads alone 299-357 against 266-322; alternating blocks of 20 calls in one run).
+_READ_STEP_BYTES = 4 * 1024 * 1024
 
 ANNOUNCE = struct.Struct("<QQ")  # address of the array's data, its size in bytes
+_WORDS = np.dtype(np.uint64)
 
 
-def parse_announce(link: Link, spec: OpSpec, data: bytearray, nbytes: int) -> int:
-    address, announced = ANNOUNCE.unpack(data)
-    if announced != nbytes:
-        raise link.protocol_error(
-            spec, f"announced an array of {announced} bytes, expected {nbytes}"
-        )
+async def expose(
+    world: World,
+    spec: OpSpec,
+    exposed: np.ndarray | None,
+    readers: Sequence[int],
+    meanwhile: tuple[np.ndarray, np.ndarray] | None = None,
+) -> np.ndarray | None:
+    """The start of every collective by cross-memory attach: tell ``readers`` where
+    ``exposed`` is (None: this rank exposes nothing), then copy ``meanwhile`` (destination,
+    source), while they start reading.
+
+    With a shared segment every rank publishes the call there, the address in its slot,
+    and waits until all have: the publication is also the agreement on the call (kind,
+    dtype, count, op, root), so a disagreement raises on every rank before any memory is
+    read, without a round of frames. Returns every rank's (address, size) as ``(n, 2)``
+    words, for :func:`address_of` until :func:`finish`. Without a segment, frame step 0 to
+    each reader; returns None, and :func:`address_of` receives the peers' frames."""
+    slots = world.shm
+    if slots is None:
+        if exposed is not None:
+            mine = memoryview(ANNOUNCE.pack(exposed.ctypes.data, exposed.nbytes))
+            for peer in readers:
+                await world.links[peer].send(spec, 0, mine)
+        if meanwhile is not None:
+            meanwhile[0][...] = meanwhile[1]
+        return None
+    rows = slots.rows(spec.seq & 1, _WORDS, 2)
+    await shm_claim(world, spec)
+    own = rows[world.rank]
+    own[0] = 0 if exposed is None else exposed.ctypes.data
+    own[1] = 0 if exposed is None else exposed.nbytes
+    shm_publish(world, spec, ANNOUNCE.size)
+    if meanwhile is not None:
+        meanwhile[0][...] = meanwhile[1]
+    await shm_wait(world, spec)
+    return rows
+
+
+async def address_of(
+    world: World,
+    spec: OpSpec,
+    announced: np.ndarray | None,
+    peer: int,
+    nbytes: int,
+    step: int = 0,
+) -> int:
+    """Where ``peer`` exposed its array of ``nbytes`` for ``spec``'s call: from the words
+    :func:`expose` returned, or (None) from the peer's frame ``step``."""
+    link = world.links[peer]
+    if announced is None:
+        data = bytearray(ANNOUNCE.size)
+        await link.recv(spec, step, memoryview(data))
+        address, size = ANNOUNCE.unpack(data)
+    else:
+        address, size = int(announced[peer, 0]), int(announced[peer, 1])
+    if size != nbytes:
+        raise link.protocol_error(spec, f"announced an array of {size} bytes, expected {nbytes}")
     return int(address)
 
 
+async def finish(
+    world: World, spec: OpSpec, sources: Iterable[int], readers: Iterable[int], step: int = 1
+) -> None:
+    """The end of every collective by cross-memory attach: tell ``sources`` (the peers
+    this rank read from) that it has finished, and return once every reader of this rank's
+    arrays has said the same, so that the caller may overwrite them. The "done" goes only
+    once every read is done, so that a rank returns only when the whole exchange it saw
+    succeeded: were a gather's root to release each peer as soon as it had read it, a peer
+    released before another died would return as if nothing had happened. With a shared
+    segment, every rank waits for every rank's done word (:func:`shm_finish`); without,
+    frame ``step`` to each source, then one from each reader."""
+    if world.shm is not None:
+        await shm_finish(world, spec)
+        return
+    empty = memoryview(b"")
+    for peer in sources:
+        await world.links[peer].send(spec, step, empty)
+    for peer in readers:
+        await world.links[peer].recv(spec, step, empty)
+
+
 async def read_peer(world: World, spec: OpSpec, peer: int, address: int, into: np.ndarray) -> None:
-    """Copy ``into.nbytes`` bytes from ``address`` in ``peer``'s memory into ``into``, chunk by
-    chunk. Cancellation is noticed after every chunk; other tasks get to run at least every
-    millisecond (a schedule point after each chunk would cost more than the copy itself at a
-    few MiB)."""
+    """Copy ``into.nbytes`` bytes from ``address`` in ``peer``'s memory into ``into``, in
+    reads of up to ``_READ_STEP_BYTES``. Cancellation is noticed after every read; other
+    tasks get to run at least every millisecond (a schedule point after each read would
+    cost more than the copy itself at a few MiB)."""
     assert world.peer_pids is not None
     pid = world.peer_pids[peer]
     local = into.ctypes.data
     done, total = 0, into.nbytes
     since = time.perf_counter()
     while done < total:
-        step = min(world.chunk_bytes, total - done)
+        step = min(max(world.chunk_bytes, _READ_STEP_BYTES), total - done)
         try:
             _cma.read_into(pid, address + done, local + done, step)
         except _cma.CmaError as exc:
@@ -83,86 +179,161 @@ async def cma_allreduce(
     it copies every other finished segment from the rank that owns it.
 
     Each segment is computed on one rank only and copied from there, so the result is
-    bitwise identical on every rank. Frames: step 0 announces the array's address, step 1
-    says "my segment is final" (after which peers read it, and we may overwrite theirs in
-    ours), step 2 says "done reading yours". Each rank sends a step to every peer before it
-    waits for that step from any, so one task does it all, without deadlock: starting tasks
-    and passing frames between them cost more than the copies at a few MiB. An abort frame
-    from a peer other than the one being waited for is still seen, by the watch that a long
-    wait keeps on the idle links (``Link._park``). Scratch: one chunk.
+    bitwise identical on every rank. Control (see :func:`expose`): the array's address;
+    "my segment is final" (after which peers read it, and we may overwrite theirs in ours),
+    the ready word through the segment or frame step 1; "done reading yours" (frame step
+    2 without a segment). Each rank sends a step to every peer before it waits for that
+    step from any, so one task does it all, without deadlock: starting tasks and passing
+    frames between them cost more than the copies at a few MiB. An abort frame from a peer
+    other than the one being waited for is still seen, by the watch that a long wait keeps
+    on the idle links (``Link._park``). Scratch: one chunk.
     """
+    await _reduce_segments(world, spec, flat, reduce, divide, None)
+
+
+async def cma_reduce(
+    world: World,
+    spec: OpSpec,
+    flat: np.ndarray,
+    root: int,
+    reduce: np.ufunc,
+    *,
+    divide: bool,
+) -> None:
+    """Reduce by direct reads: as :func:`cma_allreduce`, but a rank other than ``root``
+    reduces its segment into a new array (its own array is only read), says where that is
+    with its "final" (the slot's words after its address, or the payload of frame step 1,
+    to the root only), and only the root copies the finished segments, into its array. The
+    work of reducing is spread over every rank, as in the allreduce; the root copies
+    ``(n - 1) / n`` of the array twice (in to reduce, then the finished segments). Scratch:
+    one chunk, and on a non-root its segment. With a segment, the publication agrees on the
+    root; without one, the caller's agreement round has."""
+    await _reduce_segments(world, spec, flat, reduce, divide, root)
+
+
+async def _reduce_segments(
+    world: World,
+    spec: OpSpec,
+    flat: np.ndarray,
+    reduce: np.ufunc,
+    divide: bool,
+    root: int | None,
+) -> None:
+    """:func:`cma_allreduce` (``root`` None) and :func:`cma_reduce`."""
     n, r = world.size, world.rank
     peers = [q for q in range(n) if q != r]
     itemsize = flat.dtype.itemsize
     total = flat.shape[0]
     bounds = [i * total // n for i in range(n + 1)]
+    lo, hi = bounds[r], bounds[r + 1]
+    # Where this rank reduces its segment: in place, unless the array is a reduce's input.
+    kept = root is None or r == root
+    mine = flat[lo:hi] if kept else world.segment_as(flat.dtype, hi - lo)
     addresses: dict[int, int] = {}
-    empty = memoryview(b"")
-    announce = bytearray(ANNOUNCE.size)
-    mine = memoryview(ANNOUNCE.pack(flat.ctypes.data, flat.nbytes))
     # The waits for the peers' frames poll briefly like any receive (see Link._recv_some).
     # Parking at once looked right, since the peer waited for is copying megabytes, but the
     # poll's first try yields the CPU, often to that very peer, and a wake-up through the
     # event loop costs more: parking made 1 MiB at world 4 on 2 cores 1.8x slower (4 MiB
     # 1.3x, world 2 4 MiB 1.2x; 64 MiB unchanged).
-    for peer in peers:
-        await world.links[peer].send(spec, 0, mine)
+    announced = await expose(world, spec, flat, peers, None if kept else (mine, flat[lo:hi]))
     chunk = max(1, world.chunk_bytes // itemsize)
     scratch = world.scratch[: chunk * itemsize].view(flat.dtype)
-    lo, hi = bounds[r], bounds[r + 1]
     # Overflow to inf is a valid result, as in ring_allreduce.
     with ignore_fp_errors():
         for peer in peers:
-            link = world.links[peer]
-            await link.recv(spec, 0, memoryview(announce))
-            addresses[peer] = address = parse_announce(link, spec, announce, flat.nbytes)
+            addresses[peer] = address = await address_of(world, spec, announced, peer, flat.nbytes)
             for offset, count in chunks(lo, hi, chunk):
                 if not count:
                     continue
                 incoming = scratch[:count]
                 await read_peer(world, spec, peer, address + offset * itemsize, incoming)
-                target = flat[offset : offset + count]
+                target = mine[offset - lo : offset - lo + count]
                 reduce(target, incoming, out=target)
         if divide:
-            np.divide(flat[lo:hi], n, out=flat[lo:hi])
-    for peer in peers:
-        await world.links[peer].send(spec, 1, empty)
-    for peer in peers:
-        await world.links[peer].recv(spec, 1, empty)
+            np.divide(mine, n, out=mine)
+    # Who copies this rank's finished segment, and whose this rank copies.
+    copiers = peers if root is None else [root] if r != root else []
+    sources = peers if root is None or r == root else []
+    where = memoryview(b"") if kept else memoryview(ANNOUNCE.pack(mine.ctypes.data, mine.nbytes))
+    if announced is not None:
+        assert world.shm is not None
+        if not kept:
+            # Beside this rank's address in its slot, stored before the ready word.
+            words = world.shm.rows(spec.seq & 1, _WORDS, 4)
+            words[r, 2], words[r, 3] = mine.ctypes.data, mine.nbytes
+        await shm_ready(world, spec)
+    else:
+        for peer in copiers:
+            await world.links[peer].send(spec, 1, where)
+    for peer in sources:
         start, stop = bounds[peer], bounds[peer + 1]
+        address = addresses[peer] + start * itemsize
+        if root is not None:
+            # The peer's segment is in the array it reduced it into.
+            size = (stop - start) * itemsize
+            if announced is not None:
+                assert world.shm is not None
+                words = world.shm.rows(spec.seq & 1, _WORDS, 4)
+                address = await address_of(world, spec, words[:, 2:], peer, size)
+            else:
+                address = await address_of(world, spec, None, peer, size, step=1)
+        elif announced is None:
+            await world.links[peer].recv(spec, 1, memoryview(b""))
         if stop > start:
-            await read_peer(world, spec, peer, addresses[peer] + start * itemsize, flat[start:stop])
-    for peer in peers:
-        await world.links[peer].send(spec, 2, empty)
-    # The peers have finished reading our array: only now may we return.
-    for peer in peers:
-        await world.links[peer].recv(spec, 2, empty)
+            await read_peer(world, spec, peer, address, flat[start:stop])
+    # The peers have finished reading our arrays only when this returns.
+    await finish(world, spec, peers, peers, step=2)
 
 
 async def cma_broadcast(world: World, spec: OpSpec, flat: np.ndarray, root: int) -> None:
-    """Broadcast by direct reads: the root announces its array's address (step 0), every
-    other rank copies it and says so (step 1); the root returns when all have, listening to
-    every peer at once. The caller's barrier round has already checked that every rank
-    agrees on ``root``."""
+    """Broadcast by direct reads: the root exposes its array, every other rank copies it
+    and says so; the root returns when all have. Without a shared segment the caller's
+    barrier round has already checked that every rank agrees on ``root``; with one,
+    :func:`expose`'s publication does."""
     n, r = world.size, world.rank
-    empty = memoryview(b"")
     if r == root:
         peers = [q for q in range(n) if q != r]
-        mine = memoryview(ANNOUNCE.pack(flat.ctypes.data, flat.nbytes))
-        for peer in peers:
-            await world.links[peer].send(spec, 0, mine)
-
-        def listener(peer: int) -> Callable[[], Awaitable[None]]:
-            async def listen() -> None:
-                await world.links[peer].recv(spec, 1, empty)
-
-            return listen
-
-        await run_concurrently(*(listener(peer) for peer in peers))
+        await expose(world, spec, flat, peers)
+        await finish(world, spec, (), peers)
         return
-    link = world.links[root]
-    data = bytearray(ANNOUNCE.size)
-    await link.recv(spec, 0, memoryview(data))
-    address = parse_announce(link, spec, data, flat.nbytes)
+    announced = await expose(world, spec, None, ())
+    address = await address_of(world, spec, announced, root, flat.nbytes)
     await read_peer(world, spec, root, address, flat.view(np.uint8))
-    await link.send(spec, 1, empty)
+    await finish(world, spec, (root,), ())
+
+
+async def cma_reduce_scatter(
+    world: World,
+    spec: OpSpec,
+    flat: np.ndarray,
+    bounds: list[int],
+    out: np.ndarray,
+    reduce: np.ufunc,
+    *,
+    divide: bool,
+) -> None:
+    """Reduce-scatter by direct reads: rank r copies its own block ``[bounds[r], bounds[r +
+    1])`` of ``flat`` into ``out``, then reduces into it that block of every peer's input,
+    read chunk by chunk (peers from r + 1 on, so that the ranks do not all read one peer
+    first). Blocks may differ in size (reduce_scatterv). The first half of
+    :func:`cma_allreduce`, whose result block a rank keeps; scratch: one chunk."""
+    r = world.rank
+    peers = [(r + k) % world.size for k in range(1, world.size)]
+    lo, hi = bounds[r], bounds[r + 1]
+    itemsize = flat.dtype.itemsize
+    announced = await expose(world, spec, flat, peers, (out, flat[lo:hi]))
+    chunk = max(1, world.chunk_bytes // itemsize)
+    scratch = world.scratch[: chunk * itemsize].view(flat.dtype)
+    with ignore_fp_errors():
+        for peer in peers:
+            address = await address_of(world, spec, announced, peer, flat.nbytes)
+            for offset, count in chunks(lo, hi, chunk):
+                if not count:
+                    continue
+                incoming = scratch[:count]
+                await read_peer(world, spec, peer, address + offset * itemsize, incoming)
+                target = out[offset - lo : offset - lo + count]
+                reduce(target, incoming, out=target)
+        if divide:
+            np.divide(out, world.size, out=out)
+    await finish(world, spec, peers, peers)

@@ -14,13 +14,15 @@ other ranks fit the root's slot beside the header they travel with it: one publi
 all. The root's own block stays out of the slot: at world 2 that halves what the root
 copies in, and lets a scatter of twice the slot's size take the segment.
 
-Cross-memory attach (see ``_cma_collectives``): every rank announces the address of what its
-peers read (frame step 0, to each reader), each rank reads what it needs from each peer that
-announced to it, and once all its reads are done says "done reading yours" (step 1) to each
-of them; a rank returns only once every reader has said so, so the caller may overwrite its
-arrays as soon as the call returns. All frames are small and sent before anything waits on them, so one task does it all. The
-rooted collectives (gather, scatter) are preceded by the caller's agreement round, which
-makes ranks that disagree about the root raise instead of waiting.
+Cross-memory attach (see ``_cma_collectives``): every rank exposes the address of what its
+peers read (through the segment, or frame step 0 to each reader), each rank reads what it
+needs from each peer that exposed to it, and once all its reads are done says "done reading
+yours"; a rank returns only once every reader has said so, so the caller may overwrite its
+arrays as soon as the call returns. All frames are small and sent before anything waits on
+them, so one task does it all. Without a segment, the rooted collectives (gather, scatter)
+are preceded by the caller's agreement round, which makes ranks that disagree about the
+root raise instead of waiting; with one, the publication agrees (a scatter's header round
+carries the root's address).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ._cma_collectives import ANNOUNCE, parse_announce, read_peer
+from ._cma_collectives import address_of, expose, finish, read_peer
 from ._shm import SHM_MAX_BYTES
 from ._shm_collectives import shm_claim, shm_done, shm_exchange, shm_publish, shm_wait
 
@@ -44,6 +46,8 @@ __all__ = [
     "cma_alltoall",
     "cma_gather",
     "cma_scatter",
+    "scatter_address",
+    "scatter_words",
     "shm_allgather",
     "shm_alltoall",
     "shm_disseminate",
@@ -174,35 +178,26 @@ async def _copy(
     readers: Sequence[int],
     reads: dict[int, tuple[int, list[tuple[int, np.ndarray]]]],
     meanwhile: tuple[np.ndarray, np.ndarray] | None = None,
+    *,
+    announced: np.ndarray | None = None,
 ) -> None:
-    """Announce ``exposed`` to ``readers``; from each peer of ``reads`` (peer: (the size of
+    """Expose ``exposed`` to ``readers``; from each peer of ``reads`` (peer: (the size of
     the array it exposes, [(byte offset in it, array to fill)])) read what is listed; then
-    tell each of them; return once every reader has said so. The "done" frames go only once
-    every read is done, so that a rank returns only when the whole exchange it saw
-    succeeded: were a gather's root to release each peer as soon as it had read it, a peer
-    released before another died would return as if nothing had happened. ``meanwhile``
-    (destination, source) is this rank's own block, copied once the announcements are out,
-    while the peers read: at 4 MiB in all at world 2, copying it first made a scatter's
-    peer wait 100-200 us longer for its announcement."""
-    if exposed is not None:
-        mine = memoryview(ANNOUNCE.pack(exposed.ctypes.data, exposed.nbytes))
-        for peer in readers:
-            await world.links[peer].send(spec, 0, mine)
-    if meanwhile is not None:
+    :func:`finish`. ``meanwhile`` (destination, source) is this rank's own block, copied
+    once the exposure is out, while the peers read: at 4 MiB in all at world 2, copying it
+    first made a scatter's peer wait 100-200 us longer for its announcement.
+    ``announced``: the call was published on the segment already (a scatter's header round)
+    with these ``(n, 2)`` address words."""
+    if announced is None:
+        announced = await expose(world, spec, exposed, readers, meanwhile)
+    elif meanwhile is not None:
         meanwhile[0][...] = meanwhile[1]
-    announce = bytearray(ANNOUNCE.size)
-    empty = memoryview(b"")
     for peer, (size, targets) in reads.items():
-        link = world.links[peer]
-        await link.recv(spec, 0, memoryview(announce))
-        address = parse_announce(link, spec, announce, size)
+        address = await address_of(world, spec, announced, peer, size)
         for offset, into in targets:
             if into.nbytes:
                 await read_peer(world, spec, peer, address + offset, into)
-    for peer in reads:
-        await world.links[peer].send(spec, 1, empty)
-    for peer in readers:
-        await world.links[peer].recv(spec, 1, empty)
+    await finish(world, spec, reads, readers)
 
 
 def _peers_from(world: World) -> list[int]:
@@ -241,17 +236,36 @@ async def cma_gather(
 
 
 async def cma_scatter(
-    world: World, spec: OpSpec, blocks: np.ndarray | None, out: np.ndarray, root: int
+    world: World,
+    spec: OpSpec,
+    blocks: np.ndarray | None,
+    out: np.ndarray,
+    root: int,
+    announced: np.ndarray | None = None,
 ) -> None:
     """Root's ``blocks`` (``n * out.size`` elements), block i read by rank i into its
-    ``out``; the root copies its own block."""
+    ``out``; the root copies its own block. ``announced``: as for :func:`_copy`, the root's
+    address from the header round (:func:`scatter_address`)."""
     n, r, nbytes = world.size, world.rank, out.nbytes
     if r == root:
         assert blocks is not None
         own = (out, blocks[r * out.shape[0] : (r + 1) * out.shape[0]])
-        await _copy(world, spec, blocks, _peers_from(world), {}, own)
+        await _copy(world, spec, blocks, _peers_from(world), {}, own, announced=announced)
         return
-    await _copy(world, spec, None, [], {root: (n * nbytes, [(r * nbytes, out)])})
+    reads = {root: (n * nbytes, [(r * nbytes, out)])}
+    await _copy(world, spec, None, [], reads, announced=announced)
+
+
+def scatter_address(blocks: np.ndarray) -> np.ndarray:
+    """What a scatter's root publishes in its header round, after the header, when the
+    blocks go by cross-memory attach: their address and size, as :func:`expose` would."""
+    return np.array([blocks.ctypes.data, blocks.nbytes], dtype=np.uint64)
+
+
+def scatter_words(rows: np.ndarray, header_nbytes: int) -> np.ndarray:
+    """The ``(n, 2)`` address words in the slots :func:`shm_disseminate` returned, where
+    :func:`scatter_address` put the root's (only the root's mean anything)."""
+    return rows[:, header_nbytes : header_nbytes + 16].view(np.uint64)
 
 
 async def cma_alltoall(world: World, spec: OpSpec, flat: np.ndarray, out: np.ndarray) -> None:

@@ -55,6 +55,7 @@ __all__ = [
     "BROKEN",
     "FINISHED",
     "LINE",
+    "READY",
     "SHM_MAX_BYTES",
     "SLOT_BYTES",
     "SharedSlots",
@@ -80,6 +81,10 @@ SLOT_BYTES = LINE + SHM_MAX_BYTES
 BROKEN = 2**64 - 1
 #: Where a rank's *finished* word is in its line, from its sequence word.
 FINISHED = 2
+#: Where a rank's *ready* word is in its line: a collective that needs one more step of
+#: agreement after its publication (the cross-memory-attach allreduce: "my part of the
+#: result is final") writes its sequence number there.
+READY = 3
 _PAYLOAD_AT = LINE
 
 
@@ -149,6 +154,9 @@ class SharedSlots:
         #: The third word of the line: the last collective a rank had finished on the
         #: segment (its done word) when it gave up (see :meth:`mark_broken`).
         self.own_finished = self.own_word + FINISHED
+        #: The *ready* words (see READY).
+        self.own_ready = self.own_word + READY
+        self.peer_ready = [word + READY for word in self.peer_words]
         #: Whether this rank shares its CPUs with more ranks than there are CPUs among
         #: them (see _cpus.Cpus.oversubscribed). Then a wait yields the CPU before anything else, since
         #: the peer it waits for may be waiting for this core: at world 4 on 2 cores a

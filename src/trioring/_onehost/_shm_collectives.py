@@ -28,7 +28,9 @@ __all__ = [
     "shm_claim",
     "shm_done",
     "shm_exchange",
+    "shm_finish",
     "shm_publish",
+    "shm_ready",
     "shm_reduce",
     "shm_reduce_scatter",
     "shm_wait",
@@ -108,6 +110,44 @@ async def shm_wait(world: World, spec: OpSpec) -> None:
             raise link.protocol_error(spec, "gave up on the shared segment but sent no reason")
         if headers[peer] != mine:
             raise world.links[peer].header_mismatch(spec, headers[peer])
+
+
+async def shm_ready(world: World, spec: OpSpec) -> None:
+    """Say that this rank's part of ``spec``'s call is ready for the peers to read, and
+    return once every peer has said so of its own (see READY)."""
+    slots = world.shm
+    assert slots is not None
+    seq, seqs = spec.seq, slots.seqs
+    seqs[slots.own_ready] = seq
+    for word in slots.peer_ready:
+        if seqs[word] < seq:
+            # A peer that gives up never writes this word, but its abort frame (or closed
+            # connection) ends the wait.
+            await _shm_poll(world, spec, [w for w in slots.peer_ready if seqs[w] < seq])
+            return
+
+
+async def shm_finish(world: World, spec: OpSpec) -> None:
+    """:func:`shm_done`, then return once every peer has said the same: no peer is still
+    reading what this rank exposed of ``spec``'s call (its slot, or its arrays by
+    cross-memory attach), and none gave up in the call (that raises its reason). Every rank
+    waits for every rank, so one that returns has seen all done words at ``spec``'s
+    sequence number, and a frame of its next call that reaches a peer still waiting here is
+    recognised as such (see :func:`_shm_check_links`)."""
+    slots = world.shm
+    assert slots is not None
+    seq, seqs = spec.seq, slots.seqs
+    seqs[slots.own_done] = seq
+    for word in slots.peer_done:
+        if seqs[word] < seq:
+            await _shm_poll(world, spec, [w for w in slots.peer_done if seqs[w] < seq])
+            break
+    for peer, word in zip(slots.peers, slots.peer_words, strict=True):
+        if seqs[word + 1] == BROKEN and seqs[word + FINISHED] < seq:
+            # It gave up before it finished this call: its abort frame says why.
+            link = world.links[peer]
+            await link.recv(spec, 0, memoryview(b""))
+            raise link.protocol_error(spec, "gave up on the shared segment but sent no reason")
 
 
 async def _shm_poll(world: World, spec: OpSpec, late: list[int], target: int = 0) -> None:
