@@ -229,28 +229,15 @@ async def _reduce_segments(
     # Where this rank reduces its segment: in place, unless the array is a reduce's input.
     kept = root is None or r == root
     mine = flat[lo:hi] if kept else world.segment_as(flat.dtype, hi - lo)
-    addresses: dict[int, int] = {}
     # The waits for the peers' frames poll briefly like any receive (see Link._recv_some).
     # Parking at once looked right, since the peer waited for is copying megabytes, but the
     # poll's first try yields the CPU, often to that very peer, and a wake-up through the
     # event loop costs more: parking made 1 MiB at world 4 on 2 cores 1.8x slower (4 MiB
     # 1.3x, world 2 4 MiB 1.2x; 64 MiB unchanged).
     announced = await expose(world, spec, flat, peers, None if kept else (mine, flat[lo:hi]))
-    chunk = max(1, world.chunk_bytes // itemsize)
-    scratch = world.scratch[: chunk * itemsize].view(flat.dtype)
-    # Overflow to inf is a valid result, as in ring_allreduce.
-    with ignore_fp_errors():
-        for peer in peers:
-            addresses[peer] = address = await address_of(world, spec, announced, peer, flat.nbytes)
-            for offset, count in chunks(lo, hi, chunk):
-                if not count:
-                    continue
-                incoming = scratch[:count]
-                await read_peer(world, spec, peer, address + offset * itemsize, incoming)
-                target = mine[offset - lo : offset - lo + count]
-                reduce(target, incoming, out=target)
-        if divide:
-            np.divide(mine, n, out=mine)
+    addresses = await _reduce_from(world, spec, announced, flat, peers, (lo, hi, mine), reduce)
+    if divide:
+        np.divide(mine, n, out=mine)
     # Who copies this rank's finished segment, and whose this rank copies.
     copiers = peers if root is None else [root] if r != root else []
     sources = peers if root is None or r == root else []
@@ -320,20 +307,39 @@ async def cma_reduce_scatter(
     r = world.rank
     peers = [(r + k) % world.size for k in range(1, world.size)]
     lo, hi = bounds[r], bounds[r + 1]
-    itemsize = flat.dtype.itemsize
     announced = await expose(world, spec, flat, peers, (out, flat[lo:hi]))
+    await _reduce_from(world, spec, announced, flat, peers, (lo, hi, out), reduce)
+    if divide:
+        np.divide(out, world.size, out=out)
+    await finish(world, spec, peers, peers)
+
+
+async def _reduce_from(
+    world: World,
+    spec: OpSpec,
+    announced: np.ndarray | None,
+    flat: np.ndarray,
+    peers: list[int],
+    into: tuple[int, int, np.ndarray],
+    reduce: np.ufunc,
+) -> dict[int, int]:
+    """Reduce into ``into`` (lo, hi, an array that holds this rank's ``flat[lo:hi]``) that
+    range of each peer's ``flat``, in the order of ``peers``, read chunk by chunk through
+    the scratch buffer. Returns the peers' addresses."""
+    lo, hi, mine = into
+    itemsize = flat.dtype.itemsize
     chunk = max(1, world.chunk_bytes // itemsize)
     scratch = world.scratch[: chunk * itemsize].view(flat.dtype)
+    addresses = {}
+    # Overflow to inf is a valid result, as in ring_allreduce.
     with ignore_fp_errors():
         for peer in peers:
-            address = await address_of(world, spec, announced, peer, flat.nbytes)
+            addresses[peer] = address = await address_of(world, spec, announced, peer, flat.nbytes)
             for offset, count in chunks(lo, hi, chunk):
                 if not count:
                     continue
                 incoming = scratch[:count]
                 await read_peer(world, spec, peer, address + offset * itemsize, incoming)
-                target = out[offset - lo : offset - lo + count]
+                target = mine[offset - lo : offset - lo + count]
                 reduce(target, incoming, out=target)
-        if divide:
-            np.divide(out, world.size, out=out)
-    await finish(world, spec, peers, peers)
+    return addresses

@@ -117,14 +117,10 @@ async def shm_ready(world: World, spec: OpSpec) -> None:
     return once every peer has said so of its own (see READY)."""
     slots = world.shm
     assert slots is not None
-    seq, seqs = spec.seq, slots.seqs
-    seqs[slots.own_ready] = seq
-    for word in slots.peer_ready:
-        if seqs[word] < seq:
-            # A peer that gives up never writes this word, but its abort frame (or closed
-            # connection) ends the wait.
-            await _shm_poll(world, spec, [w for w in slots.peer_ready if seqs[w] < seq])
-            return
+    slots.seqs[slots.own_ready] = spec.seq
+    # A peer that gives up never writes this word, but its abort frame (or closed
+    # connection) ends the wait.
+    await _shm_reach(world, spec, slots.peer_ready)
 
 
 async def shm_finish(world: World, spec: OpSpec) -> None:
@@ -138,16 +134,25 @@ async def shm_finish(world: World, spec: OpSpec) -> None:
     assert slots is not None
     seq, seqs = spec.seq, slots.seqs
     seqs[slots.own_done] = seq
-    for word in slots.peer_done:
-        if seqs[word] < seq:
-            await _shm_poll(world, spec, [w for w in slots.peer_done if seqs[w] < seq])
-            break
+    await _shm_reach(world, spec, slots.peer_done)
     for peer, word in zip(slots.peers, slots.peer_words, strict=True):
         if seqs[word + 1] == BROKEN and seqs[word + FINISHED] < seq:
             # It gave up before it finished this call: its abort frame says why.
             link = world.links[peer]
             await link.recv(spec, 0, memoryview(b""))
             raise link.protocol_error(spec, "gave up on the shared segment but sent no reason")
+
+
+async def _shm_reach(world: World, spec: OpSpec, words: list[int]) -> None:
+    """Return once every word of ``words`` has reached ``spec``'s sequence number (as
+    :func:`shm_wait` does inline, on the small collectives' path)."""
+    slots = world.shm
+    assert slots is not None
+    seq, seqs = spec.seq, slots.seqs
+    for word in words:
+        if seqs[word] < seq:
+            await _shm_poll(world, spec, [w for w in words if seqs[w] < seq])
+            return
 
 
 async def _shm_poll(world: World, spec: OpSpec, late: list[int], target: int = 0) -> None:
