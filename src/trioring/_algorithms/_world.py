@@ -48,21 +48,6 @@ class World:
         factory=lambda: np.zeros(16, dtype=np.uint8)
     )
     _spare_view: tuple[np.dtype, np.ndarray, memoryview] | None = None
-    #: A reduce's segment on a rank other than the root (see _cma_collectives.cma_reduce),
-    #: kept from call to call at the largest size used (1/n of the largest such reduce).
-    _segment: np.ndarray[tuple[int], np.dtype[np.uint8]] = attrs.field(
-        factory=lambda: np.empty(0, dtype=np.uint8)
-    )
-
-    def segment_as(self, dtype: np.dtype, count: int) -> np.ndarray:
-        """``count`` elements of ``dtype`` that only this rank's collective uses, kept for
-        the next call: a new array per call cost a 4 MiB reduce at world 2 by cross-memory
-        attach 2139 us against 525 (bench/thresholds.py, 7 rounds of 10 calls), though the
-        page faults counted were few; the cause was not found."""
-        nbytes = count * dtype.itemsize
-        if self._segment.nbytes < nbytes:
-            self._segment = np.empty(nbytes, dtype=np.uint8)
-        return self._segment[:nbytes].view(dtype)
 
     def scratch_as(self, dtype: np.dtype, nbytes: int) -> tuple[np.ndarray, memoryview]:
         """The first ``nbytes`` of the scratch buffer as an array of ``dtype`` and as bytes.
