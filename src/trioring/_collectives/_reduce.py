@@ -226,10 +226,8 @@ def reduce_body(
         # each wait for the other's data forever; a dissemination round of tokens carrying
         # the call's identity (root included) reaches every rank from every rank. Through
         # the shared segment, cross-memory attach's publication of the call agrees instead.
-        if name == "cma" and world.shm is not None:
-            await _cma_collectives.cma_reduce(world, spec, flat, root, ufunc, divide=divide)
-            return
-        await _algorithms.barrier(world, spec)
+        if name != "cma" or world.shm is None:
+            await _algorithms.barrier(world, spec)
         if name == "cma":
             await _cma_collectives.cma_reduce(world, spec, flat, root, ufunc, divide=divide)
         else:
