@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from .. import _algorithms
 from .._onehost import _cma_collectives, _shm, _shm_collectives
+from ._checks import agree
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -47,15 +48,7 @@ def body(
         return shm
 
     async def agree_then_copy(spec: OpSpec) -> None:
-        # Agree first: a dissemination round of tokens carrying this call's identity (root
-        # included) reaches every rank from every rank, so ranks that disagree about the
-        # root find out before any data moves. A tree alone cannot: if the root itself
-        # thinks another rank is the root, nobody would ever send.
-        if name == "cma" and world.shm is not None:
-            # The call's publication on the segment agrees instead (see expose).
-            await _cma_collectives.cma_broadcast(world, spec, flat, root)
-            return
-        await _algorithms.barrier(world, spec)
+        await agree(world, spec, name)
         if name == "cma":
             await _cma_collectives.cma_broadcast(world, spec, flat, root)
         elif flat.nbytes <= world.chunk_bytes:

@@ -1,4 +1,5 @@
-"""Checks that every collective makes of its arguments, before any I/O."""
+"""Checks that every collective makes of its arguments, before any I/O; and the agreement
+round of the rooted collectives, before their first byte moves."""
 
 from __future__ import annotations
 
@@ -6,12 +7,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
+from .. import _algorithms
 from .._wire import DTYPE_CODES
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
     from typing import TypeAlias
 
+    from .._algorithms import World
     from .._wire import OpSpec
 
     _R = TypeVar("_R")
@@ -22,7 +25,7 @@ if TYPE_CHECKING:
     #: (``dtype_code``, ``count``, ``op_code``, ``root``) that every frame carries.
     Plan: TypeAlias = tuple[_R, Body, dict[str, int]]
 
-__all__ = ["Refused", "check_array", "check_out", "check_root"]
+__all__ = ["Refused", "agree", "check_array", "check_out", "check_root"]
 
 
 class Refused(Exception):
@@ -114,3 +117,15 @@ def _unsupported_array_type(array: object) -> str:
             "pass np.asarray(a), a view of the same memory"
         )
     return f"expected a numpy.ndarray, got {type(array).__name__}"
+
+
+async def agree(world: World, spec: OpSpec, name: str) -> None:
+    """The agreement round of a rooted collective (broadcast, gather, reduce) that goes by
+    the algorithm ``name``: a dissemination round of tokens carrying the call's identity
+    (root included) reaches every rank from every rank, so ranks that disagree about the
+    root find out before any data moves. A tree alone cannot: if the root itself thinks
+    another rank is the root, nobody would ever send. Cross-memory attach through the
+    shared segment skips it: its publication of the call agrees instead (see
+    ``_cma_collectives.expose``)."""
+    if name != "cma" or world.shm is None:
+        await _algorithms.barrier(world, spec)

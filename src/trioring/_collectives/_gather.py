@@ -49,7 +49,7 @@ from .._onehost._shm import SHM_MAX_BYTES
 from .._onehost._shm_collectives import shm_done
 from .._wire import DTYPE_CODES, DTYPES
 from . import _decision
-from ._checks import Refused, check_array, check_out, check_root
+from ._checks import Refused, agree, check_array, check_out, check_root
 from ._counts import describe, impossible_counts, job_id, mismatch
 
 if TYPE_CHECKING:
@@ -118,9 +118,7 @@ def plan_gather(
             # Every rank publishes the call on the segment: a disagreement raises everywhere.
             await _copies.shm_gather(world, spec, flat, gathered, checked_root, in_place=in_place)
             return
-        if name != "cma" or world.shm is None:
-            # With a segment, the publication of the call agrees instead (see expose).
-            await _algorithms.barrier(world, spec)
+        await agree(world, spec, name)
         if name == "cma":
             if gathered is not None:
                 own = gathered[r * count : (r + 1) * count]

@@ -24,7 +24,7 @@ from .._onehost import _cma_collectives, _shm_collectives
 from .._wire import DTYPE_CODES, NO_ROOT
 from . import _decision
 from ._allreduce import OP_CODES, UFUNCS, ReduceOp, check, shm_bytes
-from ._checks import Refused, check_out, check_root
+from ._checks import Refused, agree, check_out, check_root
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -222,12 +222,9 @@ def reduce_body(
     assert name in ("tree", "cma"), name
 
     async def agree_then_reduce(spec: OpSpec) -> None:
-        # Agree first, as broadcast does: in a tree, ranks that disagree about the root could
-        # each wait for the other's data forever; a dissemination round of tokens carrying
-        # the call's identity (root included) reaches every rank from every rank. Through
-        # the shared segment, cross-memory attach's publication of the call agrees instead.
-        if name != "cma" or world.shm is None:
-            await _algorithms.barrier(world, spec)
+        # In a tree, ranks that disagree about the root could each wait for the other's
+        # data forever.
+        await agree(world, spec, name)
         if name == "cma":
             await _cma_collectives.cma_reduce(world, spec, flat, root, ufunc, divide=divide)
         else:

@@ -244,29 +244,26 @@ async def _reduce_segments(
     # Who copies this rank's finished segment, and whose this rank copies.
     copiers = peers if root is None else [root] if r != root else []
     sources = peers if root is None or r == root else []
-    where = memoryview(b"") if kept else memoryview(ANNOUNCE.pack(mine.ctypes.data, mine.nbytes))
+    # Where the peers' finished segments are, for a reduce, through the segment.
+    finals = None
     if announced is not None:
         assert world.shm is not None
+        finals = world.shm.rows(spec.seq & 1, _WORDS, 4)[:, 2:]
         if not kept:
             # Beside this rank's address in its slot, stored before the ready word.
-            words = world.shm.rows(spec.seq & 1, _WORDS, 4)
-            words[r, 2], words[r, 3] = mine.ctypes.data, mine.nbytes
+            finals[r] = (mine.ctypes.data, mine.nbytes)
         await shm_ready(world, spec)
     else:
+        where = b"" if kept else ANNOUNCE.pack(mine.ctypes.data, mine.nbytes)
         for peer in copiers:
-            await world.links[peer].send(spec, 1, where)
+            await world.links[peer].send(spec, 1, memoryview(where))
     for peer in sources:
         start, stop = bounds[peer], bounds[peer + 1]
         address = addresses[peer] + start * itemsize
         if root is not None:
             # The peer's segment is in the array it reduced it into.
             size = (stop - start) * itemsize
-            if announced is not None:
-                assert world.shm is not None
-                words = world.shm.rows(spec.seq & 1, _WORDS, 4)
-                address = await address_of(world, spec, words[:, 2:], peer, size)
-            else:
-                address = await address_of(world, spec, None, peer, size, step=1)
+            address = await address_of(world, spec, finals, peer, size, step=1)
         elif announced is None:
             await world.links[peer].recv(spec, 1, memoryview(b""))
         if stop > start:
