@@ -56,7 +56,7 @@ def test_every_algorithm_is_covered() -> None:
             continue  # a newer family, forced in its own tests/test_<family>.py
         assert set(names) == {*SOCKET_ALGORITHMS[collective], "shm"} | (
             {"cma"} if collective != "barrier" else set()
-        ), collective
+        ) | ({"pipe"} if collective == "broadcast" else set()), collective
 
 
 def fits(collective: str, name: str, nbytes: int, world_size: int) -> bool:
@@ -176,6 +176,7 @@ async def test_forced_algorithm_that_cannot_run_raises_before_io() -> None:
                 r"at most chunk_bytes \(64\) bytes, not 72",
             ),
             ("broadcast", "shm", lambda: comm.broadcast(np.zeros(1)), '"shm" feature'),
+            ("broadcast", "pipe", lambda: comm.broadcast(np.zeros(1)), '"shm" feature'),
             ("broadcast", "cma", lambda: comm.broadcast(np.zeros(1)), '"cma" feature'),
             ("barrier", "shm", comm.barrier, '"shm" feature'),
         ]
@@ -272,8 +273,11 @@ def test_allreduce_decision(nbytes: int, shm: bool, cma: bool, expected: str) ->
     [
         (0, True, True, "shm"),
         (SHM_MAX_BYTES, True, True, "shm"),
-        (SHM_MAX_BYTES + 1, True, True, "tree"),
-        (CMA_MIN_BYTES + 1, True, True, "cma"),
+        (SHM_MAX_BYTES + 1, True, True, "pipe"),
+        (SHM_MAX_BYTES + 1, True, False, "pipe"),
+        (64 * 1024 * 1024, True, True, "pipe"),
+        (SHM_MAX_BYTES + 1, False, True, "tree"),
+        (CMA_MIN_BYTES + 1, False, True, "cma"),
         (CMA_MIN_BYTES + 1, False, False, "tree"),
     ],
 )
@@ -340,6 +344,9 @@ def test_one_host_algorithms_forced(tmp_path: Path, world_size: int) -> None:
             for name in ("cma_allreduce", "cma_broadcast"):
                 # Forced at small sizes too, where the table would never pick it.
                 assert calls.get(name, 0) >= 6, (name, calls)
+        if SHM_HERE:
+            # Forced at every size, from empty arrays to one that wraps the ring.
+            assert calls.get("pipe_broadcast", 0) >= 8, calls
 
 
 @pytest.mark.skipif(not (SHM_HERE and CMA_HERE), reason="needs both one-host paths")

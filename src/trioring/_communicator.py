@@ -225,10 +225,12 @@ class Communicator(
         that ranks disagreeing about ``root`` always raise instead of waiting for each
         other), then a binomial tree rooted at ``root``, streamed in chunks, so each rank
         receives the data once and the root's data reaches everyone in ``ceil(log2 n)`` hops.
-        Above ``CMA_MIN_BYTES`` with cross-memory attach (see :meth:`allreduce`), every rank
-        copies the root's array directly instead, and the root returns once all have. Up to
-        ``SHM_MAX_BYTES`` with a shared segment (``"shm"``), the root writes its array there
-        and every rank its call's identity, and the others copy it once all have.
+        Up to ``SHM_MAX_BYTES`` with a shared segment (``"shm"``), the root writes its
+        array there and every rank its call's identity, and the others copy it once all
+        have; larger arrays stream through the segment's pipe, chunk by chunk, and every
+        rank returns once all have copied the whole array. Without a segment, above
+        ``CMA_MIN_BYTES`` with cross-memory attach (see :meth:`allreduce`), every rank
+        copies the root's array directly instead, and the root returns once all have.
 
         Raises:
             InvalidArgumentError: bad array or ``root`` not in ``range(world_size)``.

@@ -26,8 +26,8 @@ import trio
 
 import trioring
 from trioring._collectives import _decision
-from trioring._onehost import _cma_collectives, _shm_collectives
-from trioring._onehost._shm import SHM_MAX_BYTES
+from trioring._onehost import _cma_collectives, _pipe, _shm_collectives
+from trioring._onehost._shm import PIPE_CHUNK_BYTES, PIPE_CHUNKS, SHM_MAX_BYTES
 
 CALLS: dict[str, int] = {}
 
@@ -47,6 +47,9 @@ for _name in ("shm_allreduce", "shm_broadcast", "shm_barrier"):
     count_calls(_shm_collectives, _name)
 for _name in ("cma_allreduce", "cma_broadcast"):
     count_calls(_cma_collectives, _name)
+count_calls(_pipe, "pipe_broadcast")
+#: Float32 elements that wrap the pipe's ring and end in a partial chunk.
+RING_WRAPPING = (PIPE_CHUNKS + 1) * PIPE_CHUNK_BYTES // 4 + 12_345
 
 
 def make(seed: int, rank: int, count: int, dtype: np.dtype[Any]) -> np.ndarray[Any, Any]:
@@ -109,10 +112,12 @@ async def main(mode: str, out_dir: Path) -> int:
                         await check_allreduce(comm, errors, i, count, "int32", "max")
                 comm._force_algorithm("allreduce", None)
                 for name in _decision.ALGORITHMS["broadcast"]:
-                    if name in ("shm", "cma") and name not in features:
+                    feature = "shm" if name == "pipe" else name
+                    if feature in ("shm", "cma") and feature not in features:
                         continue
                     comm._force_algorithm("broadcast", name)
-                    for i, count in enumerate(sizes):
+                    broadcast_sizes = sizes if name == "shm" else (*sizes, RING_WRAPPING)
+                    for i, count in enumerate(broadcast_sizes):
                         if name == "shm" and count * 4 > SHM_MAX_BYTES:
                             continue
                         await check_broadcast(comm, errors, i, count, i % n)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .. import _algorithms
-from .._onehost import _cma_collectives, _shm, _shm_collectives
+from .._onehost import _cma_collectives, _pipe, _shm, _shm_collectives
 from ._checks import agree
 
 if TYPE_CHECKING:
@@ -30,6 +30,8 @@ def unrunnable(name: str, world: World, nbytes: int) -> str | None:
                 "the forced broadcast algorithm 'shm' takes arrays of at most "
                 f"{_shm.SHM_MAX_BYTES} bytes, not {nbytes}"
             )
+    elif name == "pipe" and world.shm is None:
+        return "the forced broadcast algorithm 'pipe' needs the \"shm\" feature"
     elif name == "cma" and world.peer_pids is None:
         return "the forced broadcast algorithm 'cma' needs the \"cma\" feature"
     return None
@@ -46,6 +48,14 @@ def body(
             await _shm_collectives.shm_broadcast(world, spec, flat, root)
 
         return shm
+
+    if name == "pipe":
+
+        async def pipe(spec: OpSpec) -> None:
+            # As for "shm": the publication agrees.
+            await _pipe.pipe_broadcast(world, spec, flat, root)
+
+        return pipe
 
     async def agree_then_copy(spec: OpSpec) -> None:
         await agree(world, spec, name)

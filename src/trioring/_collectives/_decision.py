@@ -9,6 +9,7 @@ allreduce   "cma" and nbytes > CMA_MIN_BYTES                        ``cma``
 allreduce   nbytes <= min(SMALL_ALLREDUCE_BYTES, chunk_bytes)        ``recursive_doubling``
 allreduce   otherwise                                               ``ring``
 broadcast   "shm" and nbytes <= SHM_MAX_BYTES                       ``shm``
+broadcast   "shm" (larger arrays, through the segment's pipe)       ``pipe``
 broadcast   "cma" and nbytes > CMA_MIN_BYTES                        ``cma``
 broadcast   otherwise                                               ``tree``
 barrier     "shm"                                                   ``shm``
@@ -170,7 +171,7 @@ SMALL_POW2_ALLGATHER_BYTES = 64 * 1024 * 1024
 #: Every algorithm of every collective, by the name that forcing uses.
 ALGORITHMS: dict[str, tuple[str, ...]] = {
     "allreduce": ("shm", "cma", "recursive_doubling", "ring"),
-    "broadcast": ("shm", "cma", "tree"),
+    "broadcast": ("shm", "pipe", "cma", "tree"),
     "barrier": ("shm", "dissemination"),
     "allgather": ("shm", "cma", "bruck", "recursive_doubling", "ring"),
     "allgatherv": ("cma", "bruck", "recursive_doubling", "ring"),
@@ -258,8 +259,8 @@ def allreduce(nbytes: int, shm_bytes: int, cma: bool, small_bytes: int) -> str:
 
 def broadcast(nbytes: int, shm: bool, cma: bool) -> str:
     """The broadcast row for an array of ``nbytes``."""
-    if shm and nbytes <= SHM_MAX_BYTES:
-        return "shm"
+    if shm:
+        return "shm" if nbytes <= SHM_MAX_BYTES else "pipe"
     if cma and nbytes > CMA_MIN_BYTES:
         return "cma"
     return "tree"

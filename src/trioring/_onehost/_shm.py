@@ -13,6 +13,7 @@ connection (``SCM_RIGHTS``) when the communicator opens. Layout, for ``n`` ranks
     n sequence words, one per 64-byte line          (rank r publishes seq in line r;
                                                      its done and finished words follow)
     2 x n slots of SLOT_BYTES (parity of seq, rank)  (48-byte frame header, then payload)
+    PIPE_CHUNKS chunks of PIPE_CHUNK_BYTES           (the pipe: large calls, see _pipe)
 
 Rank r publishes collective ``s`` by writing its payload and the frame header that names
 ``s`` (kind, dtype, count, op, root, seq) into slot ``(s % 2, r)``, then ``s`` into its
@@ -53,8 +54,12 @@ import trio
 
 __all__ = [
     "BROKEN",
+    "CONSUMED",
     "FINISHED",
     "LINE",
+    "PIPE_CHUNKS",
+    "PIPE_CHUNK_BYTES",
+    "PRODUCED",
     "READY",
     "SHM_MAX_BYTES",
     "SLOT_BYTES",
@@ -85,11 +90,20 @@ FINISHED = 2
 #: agreement after its publication (the cross-memory-attach allreduce: "my part of the
 #: result is final") writes its sequence number there.
 READY = 3
+#: Where a rank's *produced* and *consumed* words are in its line: how far a call through
+#: the pipe has got (see _pipe).
+PRODUCED = 4
+CONSUMED = 5
+#: The pipe: one ring of chunks per communicator, through which a large call's data
+#: streams (see _pipe for the measurements that chose its shape). Its pages are touched
+#: only by the calls that use it, so a communicator that never does costs no memory for it.
+PIPE_CHUNK_BYTES = 1024 * 1024
+PIPE_CHUNKS = 4
 _PAYLOAD_AT = LINE
 
 
 def segment_bytes(world_size: int) -> int:
-    return world_size * LINE + 2 * world_size * SLOT_BYTES
+    return world_size * LINE + 2 * world_size * SLOT_BYTES + PIPE_CHUNKS * PIPE_CHUNK_BYTES
 
 
 def _unavailable() -> str | None:
@@ -166,7 +180,10 @@ class SharedSlots:
         self.oversubscribed = oversubscribed
         #: The last collective this rank published in each slot parity (0: none yet).
         self.last_used = [0, 0]
-        slots = buffer[world_size * LINE :].reshape(2, world_size, SLOT_BYTES)
+        slots_end = world_size * LINE + 2 * world_size * SLOT_BYTES
+        slots = buffer[world_size * LINE : slots_end].reshape(2, world_size, SLOT_BYTES)
+        #: The pipe's ring, chunk by chunk.
+        self.pipe = buffer[slots_end:].reshape(PIPE_CHUNKS, PIPE_CHUNK_BYTES)
         self.headers = [[slots[p, q, :48].data for q in range(world_size)] for p in (0, 1)]
         self._payload_rows = slots[:, :, _PAYLOAD_AT:]
         self.closed = False
@@ -219,6 +236,7 @@ class SharedSlots:
         self.headers = []
         self.seqs.release()
         del self._payload_rows
+        del self.pipe
 
 
 _libc = ctypes.CDLL(None, use_errno=True) if _reason is None else None

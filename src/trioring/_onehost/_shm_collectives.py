@@ -30,6 +30,7 @@ __all__ = [
     "shm_exchange",
     "shm_finish",
     "shm_publish",
+    "shm_reach",
     "shm_ready",
     "shm_reduce",
     "shm_reduce_scatter",
@@ -118,9 +119,7 @@ async def shm_ready(world: World, spec: OpSpec) -> None:
     slots = world.shm
     assert slots is not None
     slots.seqs[slots.own_ready] = spec.seq
-    # A peer that gives up never writes this word, but its abort frame (or closed
-    # connection) ends the wait.
-    await _shm_reach(world, spec, slots.peer_ready)
+    await shm_reach(world, spec, slots.peer_ready)
 
 
 async def shm_finish(world: World, spec: OpSpec) -> None:
@@ -134,7 +133,7 @@ async def shm_finish(world: World, spec: OpSpec) -> None:
     assert slots is not None
     seq, seqs = spec.seq, slots.seqs
     seqs[slots.own_done] = seq
-    await _shm_reach(world, spec, slots.peer_done)
+    await shm_reach(world, spec, slots.peer_done)
     for peer, word in zip(slots.peers, slots.peer_words, strict=True):
         if seqs[word + 1] == BROKEN and seqs[word + FINISHED] < seq:
             # It gave up before it finished this call: its abort frame says why.
@@ -143,15 +142,17 @@ async def shm_finish(world: World, spec: OpSpec) -> None:
             raise link.protocol_error(spec, "gave up on the shared segment but sent no reason")
 
 
-async def _shm_reach(world: World, spec: OpSpec, words: list[int]) -> None:
-    """Return once every word of ``words`` has reached ``spec``'s sequence number (as
-    :func:`shm_wait` does inline, on the small collectives' path)."""
+async def shm_reach(world: World, spec: OpSpec, words: list[int], target: int = 0) -> None:
+    """Return once every word of ``words`` has reached ``target`` (default: ``spec``'s
+    sequence number), as :func:`shm_wait` does inline on the small collectives' path. A
+    peer that gives up or dies never writes its word, but its abort frame (or closed
+    connection) ends the wait with the error it means."""
     slots = world.shm
     assert slots is not None
-    seq, seqs = spec.seq, slots.seqs
+    seq, seqs = target or spec.seq, slots.seqs
     for word in words:
         if seqs[word] < seq:
-            await _shm_poll(world, spec, [w for w in words if seqs[w] < seq])
+            await _shm_poll(world, spec, [w for w in words if seqs[w] < seq], seq)
             return
 
 

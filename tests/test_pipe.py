@@ -1,0 +1,63 @@
+"""The shared segment's pipe (``_onehost._pipe``) when a call through it goes wrong, across
+real processes: a rank dies, cancels or disagrees in the middle of the stream, and every
+other rank raises, naming it, instead of waiting on a word that will never move.
+
+Results through the pipe (every world size 2-5, ring wrap-around, empty arrays) are checked
+by tests/test_algorithms_forced.py (forced) and tests/test_fastpaths.py (chosen by the table,
+arrays overwritten on return)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import trioring
+from launched import run_killed, run_reports
+
+WORKER = Path(__file__).parent / "workers" / "pipe_worker.py"
+
+pytestmark = pytest.mark.skipif(
+    not trioring.is_available("shm"), reason="no shared segment on this machine"
+)
+
+
+@pytest.mark.parametrize("victim", [0, 2], ids=["root", "receiver"])
+def test_sigkill_in_the_stream(tmp_path: Path, victim: int) -> None:
+    """The root dies having written three of sixteen chunks, or a receiver having copied
+    three: every survivor raises PeerFailedError naming it within seconds (the root's
+    receivers wait on its produced word; the root waits on the receiver's consumed word,
+    and the other receivers on the root, which is stuck, or on the done words)."""
+    survivors = run_killed(WORKER, ["kill", str(tmp_path), str(victim)], tmp_path, victim)
+    for report in survivors.values():
+        assert report["error"] == "PeerFailedError", report
+        assert report["peer"] == victim, report
+        assert report["broken"], report
+        assert report["elapsed"] < 5.0, report
+
+
+@pytest.mark.parametrize("victim", [0, 3], ids=["root", "receiver"])
+def test_cancel_in_the_stream(tmp_path: Path, victim: int) -> None:
+    """A rank whose caller cancels it mid-stream is cancelled (its communicator broken), and
+    every other rank raises PeerAbortedError naming it."""
+    reports = run_reports(WORKER, ["cancel", str(tmp_path), str(victim)], tmp_path, 4)
+    for rank, report in enumerate(reports):
+        assert report["broken"], report
+        assert report["elapsed"] < 5.0, report
+        if rank == victim:
+            assert report["cancelled"], report
+            assert report["error"] is None, report
+        else:
+            assert report["error"] == "PeerAbortedError", report
+            assert report["peer"] == victim, report
+            assert f"rank {victim}" in report["message"], report
+
+
+def test_two_roots_raise_everywhere(tmp_path: Path) -> None:
+    """Rank 1 streams as the root while the others take rank 0 for it: both write the ring,
+    nobody copies a chunk out, every rank raises CollectiveMismatchError."""
+    reports = run_reports(WORKER, ["mismatch", str(tmp_path), "1"], tmp_path, 4)
+    for report in reports:
+        assert report["error"] == "CollectiveMismatchError", report
+        assert "root" in report["message"], report
+        assert report["elapsed"] < 5.0, report
