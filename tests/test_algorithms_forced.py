@@ -56,7 +56,7 @@ def test_every_algorithm_is_covered() -> None:
             continue  # a newer family, forced in its own tests/test_<family>.py
         assert set(names) == {*SOCKET_ALGORITHMS[collective], "shm"} | (
             {"cma"} if collective != "barrier" else set()
-        ) | ({"pipe"} if collective == "broadcast" else set()), collective
+        ) | ({"pipe"} if collective != "barrier" else set()), collective
 
 
 def fits(collective: str, name: str, nbytes: int, world_size: int) -> bool:
@@ -199,7 +199,7 @@ async def test_unknown_names_are_configuration_errors() -> None:
             comm._force_algorithm("gossip", "tree")
         with pytest.raises(
             trioring.ConfigurationError,
-            match="allreduce has no algorithm 'tree'; expected one of shm, cma, "
+            match="allreduce has no algorithm 'tree'; expected one of shm, pipe, cma, "
             "recursive_doubling, ring",
         ):
             comm._force_algorithm("allreduce", "tree")
@@ -252,13 +252,16 @@ def test_environment_variable_errors(raw: str, message: str) -> None:
     [
         (4, True, True, "shm"),
         (SHM_MAX_BYTES // 4, True, False, "shm"),
-        (SHM_MAX_BYTES // 4 + 1, True, True, "recursive_doubling"),
+        (SHM_MAX_BYTES // 4 + 1, True, True, "pipe"),
+        (SHM_MAX_BYTES // 4 + 1, True, False, "pipe"),
+        (SHM_MAX_BYTES // 4 + 1, False, True, "recursive_doubling"),
         (4, False, False, "recursive_doubling"),
         (CMA_MIN_BYTES, False, True, "recursive_doubling"),
         (CMA_MIN_BYTES + 1, False, True, "cma"),
         (SMALL_ALLREDUCE_BYTES, False, False, "recursive_doubling"),
         (SMALL_ALLREDUCE_BYTES + 1, False, False, "ring"),
-        (64 << 20, True, True, "cma"),
+        (64 << 20, True, True, "pipe"),
+        (64 << 20, False, True, "cma"),
     ],
 )
 def test_allreduce_decision(nbytes: int, shm: bool, cma: bool, expected: str) -> None:
@@ -347,6 +350,7 @@ def test_one_host_algorithms_forced(tmp_path: Path, world_size: int) -> None:
         if SHM_HERE:
             # Forced at every size, from empty arrays to one that wraps the ring.
             assert calls.get("pipe_broadcast", 0) >= 8, calls
+            assert calls.get("pipe_allreduce", 0) >= 24, calls
 
 
 @pytest.mark.skipif(not (SHM_HERE and CMA_HERE), reason="needs both one-host paths")

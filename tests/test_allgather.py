@@ -134,8 +134,8 @@ def uneven(n: int, seed: int) -> list[int]:
 def test_every_algorithm_is_covered() -> None:
     """Every algorithm that runs over sockets is forced here; the one-host ones (tested in
     real processes, tests/test_onehost_copies.py) are the rest."""
-    assert _decision.ALGORITHMS["allgather"] == ("shm", "cma", *ALGORITHMS)
-    assert _decision.ALGORITHMS["allgatherv"] == ("cma", *ALGORITHMS)
+    assert _decision.ALGORITHMS["allgather"] == ("shm", "pipe", "cma", *ALGORITHMS)
+    assert _decision.ALGORITHMS["allgatherv"] == ("pipe", "cma", *ALGORITHMS)
 
 
 @pytest.mark.parametrize(
@@ -159,6 +159,14 @@ def test_decision(nbytes: int, world_size: int, expected: str) -> None:
     cma = "cma" if nbytes > _decision.CMA_MIN_COPY_BYTES else expected
     assert _decision.allgather(nbytes, world_size, (False, True)) == cma
     assert _decision.allgather(nbytes, world_size, (True, True)) == "shm"
+    # With a segment that cannot take the blocks, its pipe: at any size without
+    # cross-memory attach, up to PIPE_MAX_ALLGATHER_BYTES with it.
+    assert _decision.allgather(nbytes, world_size, (False, False), segment=True) == "pipe"
+    pipe_or_cma = "pipe" if nbytes <= _decision.PIPE_MAX_ALLGATHER_BYTES else "cma"
+    assert _decision.allgather(nbytes, world_size, (False, True), segment=True) == pipe_or_cma
+    big = _decision.PIPE_MAX_ALLGATHER_BYTES + 1
+    assert _decision.allgather(big, world_size, (False, True), segment=True) == "cma"
+    assert _decision.allgather(big, world_size, (False, False), segment=True) == "pipe"
 
 
 @pytest.mark.parametrize(("world_size", "expected"), [(3, "bruck"), (4, "recursive_doubling")])
@@ -172,9 +180,11 @@ async def test_communicator_follows_the_table(
     chosen: list[tuple[int, int, str]] = []
     decide = _allgather.decide
 
-    def spy(nbytes: int, n: int, onehost: tuple[bool, bool]) -> str:
-        assert onehost == (False, False)  # a local world has no one-host paths
-        name = decide(nbytes, n, onehost)
+    def spy(nbytes: int, n: int, onehost: tuple[bool, bool], *, segment: bool) -> str:
+        # A local world has no one-host paths.
+        assert onehost == (False, False)
+        assert not segment
+        name = decide(nbytes, n, onehost, segment=segment)
         chosen.append((nbytes, n, name))
         return name
 

@@ -161,7 +161,7 @@ def uneven(n: int, seed: int, high: int = 4) -> list[list[int]]:
 def test_every_algorithm_is_covered() -> None:
     """Every algorithm that runs over sockets is forced here; the one-host ones (tested in
     real processes, tests/test_onehost_copies.py) are the rest."""
-    assert _decision.ALGORITHMS["alltoall"] == ("shm", "cma", *ALGORITHMS)
+    assert _decision.ALGORITHMS["alltoall"] == ("shm", "pipe", "cma", *ALGORITHMS)
     assert _decision.ALGORITHMS["alltoallv"] == ("pairwise",)
     assert _decision.alltoallv() == "pairwise"
 
@@ -184,6 +184,11 @@ def test_decision(block_nbytes: int, world_size: int, expected: str) -> None:
     assert _decision.alltoall(block_nbytes, world_size, (False, True)) == expected
     big = _decision.CMA_MIN_COPY_BYTES // world_size + 1
     assert _decision.alltoall(big, world_size, (False, True)) == "cma"
+    # With a segment that cannot take the input, its pipe, unless cross-memory attach at
+    # world 2.
+    assert _decision.alltoall(big, world_size, (False, False), segment=True) == "pipe"
+    with_cma = "pipe" if world_size >= 3 else "cma"
+    assert _decision.alltoall(big, world_size, (False, True), segment=True) == with_cma
 
 
 async def test_communicator_follows_the_table(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -163,7 +163,7 @@ def roots_of(n: int) -> Sequence[int]:
 def test_every_algorithm_is_covered() -> None:
     """The tree runs over sockets and is forced here; the one-host algorithms of gather and
     scatter are forced in real processes (tests/test_onehost_copies.py)."""
-    onehost = {"gather": ("shm", "cma"), "scatter": ("cma",)}
+    onehost = {"gather": ("shm", "pipe", "cma"), "scatter": ("pipe", "cma")}
     for collective in COLLECTIVES:
         assert _decision.ALGORITHMS[collective] == (*onehost.get(collective, ()), "tree")
     assert _decision.gather() == "tree"
@@ -172,6 +172,12 @@ def test_every_algorithm_is_covered() -> None:
     assert _decision.gather(big, (False, True)) == "cma"
     assert _decision.gather(big, (True, True)) == "shm"
     assert _decision.gather(big, (False, False)) == "tree"
+    # With a segment that cannot take the blocks, its pipe, unless cross-memory attach
+    # from world 4.
+    for n in (2, 3, 4):
+        for cma in (False, True):
+            chosen = _decision.gather(big, (False, cma), segment=True, world_size=n)
+            assert chosen == ("cma" if cma and n >= 4 else "pipe"), (n, cma)
     assert _decision.scatter(big, cma=True) == "cma"
     assert _decision.scatter(big - 1, cma=True) == "tree"
 
@@ -184,7 +190,8 @@ def test_scatter_takes_the_segment_when_the_other_ranks_blocks_fit(n: int) -> No
     block = slot // max(n - 1, 1)  # the largest block that fits, in bytes
     assert _decision.scatter(n * block, False, slot, n) == "shm"
     if n > 1:
-        assert _decision.scatter(n * (block + 1), False, slot, n) == "tree"
+        # With a segment but without cross-memory attach: its pipe.
+        assert _decision.scatter(n * (block + 1), False, slot, n) == "pipe"
     assert _decision.scatter(n * block, True, -1, n) == "tree"  # no segment
     big = _decision.CMA_MIN_COPY_BYTES + n
     assert _decision.scatter(big, True, slot, n) == ("shm" if n == 1 else "cma")
@@ -195,7 +202,7 @@ def test_scatter_takes_the_segment_when_the_other_ranks_blocks_fit(n: int) -> No
         over = n * (block + 1)
         assert over > _decision.CMA_MIN_SCATTER_BYTES
         assert _decision.scatter(over, True, slot, n) == "cma"
-        assert _decision.scatter(over, False, slot, n) == "tree"
+        assert _decision.scatter(over, False, slot, n) == "pipe"
         assert _decision.scatter(over, True, -1, n) == (
             "cma" if over > _decision.CMA_MIN_COPY_BYTES else "tree"
         )

@@ -1,7 +1,8 @@
-"""The one-host paths of the collectives that only copy: the shared segment (allgather,
-gather, alltoall; scatter on each side of where the decision table stops taking it) and
-cross-memory attach (those and allgatherv and scatter; with its control through the segment,
-and by frames where there is no segment), each forced at worlds 2-5 in
+"""The one-host paths of the collectives that only copy: the shared segment's slots
+(allgather, gather, alltoall; scatter on each side of where the decision table stops taking
+it), its pipe (those, allgatherv and scatter, and the reductions: reduce_scatter(v) and
+reduce) and cross-memory attach (the same; with its control through the segment, and by
+frames where there is no segment), each forced at worlds 2-5 in
 real processes over Unix sockets, on seeded inputs of several dtypes at sizes from empty to
 several chunks, with every rank that is not checking overwriting its buffers the moment a
 call returns (see tests/workers/onehost_worker.py). A call too large for the shared segment
@@ -29,6 +30,20 @@ CASES = [
         for c in ("reduce_scatter", "reduce_scatterv", "reduce")
         for a in ("cma", "cma-frames")
     ),
+    # The segment's pipe, for every collective that may take it.
+    *(
+        (c, "pipe")
+        for c in (
+            "allgather",
+            "allgatherv",
+            "gather",
+            "scatter",
+            "alltoall",
+            "reduce_scatter",
+            "reduce_scatterv",
+            "reduce",
+        )
+    ),
     # Only the root knows a scatter's size before its first round, so its segment path
     # cannot be forced: the worker scatters on each side of where the decision leaves it.
     ("scatter", "auto"),
@@ -38,7 +53,7 @@ CASES = [
 @pytest.mark.parametrize("n", [2, 3, 5])
 @pytest.mark.parametrize(("collective", "algorithm"), CASES)
 def test_forced_onehost_path(tmp_path: Path, collective: str, algorithm: str, n: int) -> None:
-    feature = {"auto": "shm", "cma-frames": "cma"}.get(algorithm, algorithm)
+    feature = {"auto": "shm", "cma-frames": "cma", "pipe": "shm"}.get(algorithm, algorithm)
     if not trioring.is_available(feature):
         pytest.skip(f"{feature} is not available here: {trioring.capabilities()}")
     env = {"TRIORING_SHM": "0"} if algorithm == "cma-frames" else {}

@@ -22,13 +22,27 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-@pytest.mark.parametrize("victim", [0, 2], ids=["root", "receiver"])
-def test_sigkill_in_the_stream(tmp_path: Path, victim: int) -> None:
-    """The root dies having written three of sixteen chunks, or a receiver having copied
-    three: every survivor raises PeerFailedError naming it within seconds (the root's
-    receivers wait on its produced word; the root waits on the receiver's consumed word,
-    and the other receivers on the root, which is stuck, or on the done words)."""
-    survivors = run_killed(WORKER, ["kill", str(tmp_path), str(victim)], tmp_path, victim)
+COLLECTIVES = [
+    "broadcast",
+    "allreduce",
+    "reduce",
+    "reduce_scatter",
+    "allgather",
+    "gather",
+    "scatter",
+    "alltoall",
+]
+
+
+@pytest.mark.parametrize("collective", COLLECTIVES)
+@pytest.mark.parametrize("victim", [0, 2], ids=["root", "other"])
+def test_sigkill_in_the_stream(tmp_path: Path, victim: int, collective: str) -> None:
+    """A rank dies at its third chunk (rank 0, the root of the rooted collectives, or rank
+    2): every survivor raises PeerFailedError naming it within seconds, whether it was
+    waiting on the victim's produced or consumed word, on a rank stuck behind it, or on the
+    done words."""
+    args = ["kill", str(tmp_path), str(victim), collective]
+    survivors = run_killed(WORKER, args, tmp_path, victim)
     for report in survivors.values():
         assert report["error"] == "PeerFailedError", report
         assert report["peer"] == victim, report

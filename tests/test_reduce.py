@@ -134,11 +134,12 @@ def fits(name: str, nbytes: int, world_size: int) -> bool:
 
 
 def test_every_algorithm_is_covered() -> None:
-    # In-process worlds have no shared segment or cross-memory attach: "shm" and "cma" run
-    # in test_real_processes (and "cma" in tests/test_onehost_copies.py).
-    assert _decision.ALGORITHMS["reduce_scatter"] == ("shm", "cma", *SCATTER_ALGORITHMS)
-    assert _decision.ALGORITHMS["reduce_scatterv"] == ("shm", "cma", *SCATTER_ALGORITHMS)
-    assert _decision.ALGORITHMS["reduce"] == ("shm", "cma", *REDUCE_ALGORITHMS)
+    # In-process worlds have no shared segment or cross-memory attach: "shm", "pipe" and
+    # "cma" run in test_real_processes (and tests/test_onehost_copies.py).
+    onehost = ("shm", "pipe", "cma")
+    assert _decision.ALGORITHMS["reduce_scatter"] == (*onehost, *SCATTER_ALGORITHMS)
+    assert _decision.ALGORITHMS["reduce_scatterv"] == (*onehost, *SCATTER_ALGORITHMS)
+    assert _decision.ALGORITHMS["reduce"] == (*onehost, *REDUCE_ALGORITHMS)
 
 
 @pytest.mark.parametrize(
@@ -173,34 +174,39 @@ def test_reduce_scatter_decision(nbytes: int, small: int, expected: str) -> None
     assert _decision.reduce_scatter(nbytes, small, -1) == expected
     # The shared segment, where there is one, takes what fits it, whatever the sizes above.
     assert _decision.reduce_scatter(nbytes, small, nbytes) == "shm"
-    assert _decision.reduce_scatter(nbytes + 1, nbytes + 1, nbytes) == "recursive_halving"
+    # What it cannot take goes through its pipe.
+    assert _decision.reduce_scatter(nbytes + 1, nbytes + 1, nbytes) == "pipe"
 
 
 @pytest.mark.parametrize("world_size", [2, 3, 4, 8])
-def test_cross_memory_attach_takes_what_the_segment_does_not(world_size: int) -> None:
-    """With "cma", reduce_scatter reads directly whatever the shared segment does not take,
-    and above CMA_MIN_REDUCE_SCATTER_BYTES without a segment; reduce at world sizes of 3
-    and more above CMA_MIN_REDUCE_BYTES (with a segment) or CMA_MIN_COPY_BYTES (without).
-    Without "cma", the socket algorithms as before."""
+def test_the_pipe_and_cross_memory_attach_take_what_the_slots_do_not(world_size: int) -> None:
+    """With a shared segment, reduce_scatter and reduce go through its pipe whatever its
+    slots do not take, with "cma" or without. Without a segment, with "cma",
+    reduce_scatter reads directly above CMA_MIN_REDUCE_SCATTER_BYTES, and reduce at world
+    sizes of 3 and more above CMA_MIN_COPY_BYTES. Without either, the socket algorithms."""
     small = _decision.SMALL_REDUCE_SCATTER_BYTES
     limit = _decision.CMA_MIN_REDUCE_SCATTER_BYTES
     segment = 65536
-    assert _decision.reduce_scatter(segment, small, segment, True) == "shm"
-    assert _decision.reduce_scatter(segment + 1, small, segment, True) == "cma"
-    assert _decision.reduce_scatter(segment + 1, small, segment, False) == "recursive_halving"
+    for cma in (False, True):
+        assert _decision.reduce_scatter(segment, small, segment, cma) == "shm"
+        assert _decision.reduce_scatter(segment + 1, small, segment, cma) == "pipe"
+        assert _decision.reduce(segment, world_size, segment, cma) == "shm"
+        assert _decision.reduce(segment + 1, world_size, segment, cma) == "pipe"
+        assert _decision.reduce(64 << 20, world_size, segment, cma) == "pipe"
     assert _decision.reduce_scatter(limit, small, -1, True) == "recursive_halving"
     assert _decision.reduce_scatter(limit + 1, small, -1, True) == "cma"
     assert _decision.reduce_scatter(limit + 1, small, -1, False) == "ring"
-    for shm, limit in ((segment, _decision.CMA_MIN_REDUCE_BYTES), (-1, CMA_MIN_COPY_BYTES)):
-        far = world_size >= 3
-        assert _decision.reduce(limit, world_size, shm, True) == ("shm" if shm >= limit else "tree")
-        assert _decision.reduce(limit + 1, world_size, shm, True) == ("cma" if far else "tree")
-        assert _decision.reduce(limit + 1, world_size, shm, False) == "tree"
+    far = world_size >= 3
+    assert _decision.reduce(CMA_MIN_COPY_BYTES, world_size, -1, True) == "tree"
+    assert _decision.reduce(CMA_MIN_COPY_BYTES + 1, world_size, -1, True) == (
+        "cma" if far else "tree"
+    )
+    assert _decision.reduce(CMA_MIN_COPY_BYTES + 1, world_size, -1, False) == "tree"
 
 
 def test_reduce_takes_the_segment_where_it_fits() -> None:
     assert _decision.reduce(4096, 4, 4096) == "shm"
-    assert _decision.reduce(4097, 4, 4096) == "tree"
+    assert _decision.reduce(4097, 4, 4096) == "pipe"
     assert _decision.reduce(0, 4, -1) == "tree"
 
 

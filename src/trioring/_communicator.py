@@ -168,8 +168,12 @@ class Communicator(
                 shared. Either way the mean is bitwise identical everywhere.
 
         Algorithm (the size thresholds are internal tuning constants; the algorithms page of
-        the documentation gives their current values): above ``CMA_MIN_BYTES``, when every
-        rank agreed at opening to use cross-memory attach (the ``"cma"`` entry of
+        the documentation gives their current values): on one host with a shared segment
+        (``"shm"`` in :attr:`features`), arrays too large for its slots stream through its
+        pipe, a ring of a few chunks that every rank maps: each rank reduces its ``1/n``
+        segment of every rank's array, streamed to it chunk by chunk, then streams the
+        finished segment to every rank. Without a segment, above ``CMA_MIN_BYTES``, when
+        every rank agreed at opening to use cross-memory attach (the ``"cma"`` entry of
         :attr:`features`), each rank reduces its ``1/n`` segment by reading the peers'
         arrays directly and then copies the other finished segments, each byte copied once.
         Otherwise, up to ``SMALL_ALLREDUCE_BYTES``, recursive doubling (``ceil(log2 n)``

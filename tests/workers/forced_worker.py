@@ -48,6 +48,7 @@ for _name in ("shm_allreduce", "shm_broadcast", "shm_barrier"):
 for _name in ("cma_allreduce", "cma_broadcast"):
     count_calls(_cma_collectives, _name)
 count_calls(_pipe, "pipe_broadcast")
+count_calls(_pipe, "pipe_allreduce")
 #: Float32 elements that wrap the pipe's ring and end in a partial chunk.
 RING_WRAPPING = (PIPE_CHUNKS + 1) * PIPE_CHUNK_BYTES // 4 + 12_345
 
@@ -99,10 +100,12 @@ async def main(mode: str, out_dir: Path) -> int:
                 # at worlds 2-4): the mid-size path through the segment.
                 sizes = (0, 1, n - 1, 2 * n + 1, 1023, comm._shm_allreduce_bytes // 4 - 1, 300_001)
                 for name in _decision.ALGORITHMS["allreduce"]:
-                    if name in ("shm", "cma") and name not in features:
+                    feature = "shm" if name == "pipe" else name
+                    if feature in ("shm", "cma") and feature not in features:
                         continue
                     comm._force_algorithm("allreduce", name)
-                    for i, count in enumerate(sizes):
+                    allreduce_sizes = (*sizes, RING_WRAPPING) if name == "pipe" else sizes
+                    for i, count in enumerate(allreduce_sizes):
                         if name == "shm" and count * 8 > comm._shm_allreduce_bytes:
                             continue
                         if name == "recursive_doubling" and count * 8 > 1024 * 1024:

@@ -1,6 +1,6 @@
 """One rank of tests/test_onehost_copies.py: a copying collective (allgather, allgatherv,
-gather, scatter, alltoall), or reduce_scatter(v) or reduce, forced onto a one-host path (``shm`` or
-``cma``), or a scatter left
+gather, scatter, alltoall), or reduce_scatter(v) or reduce, forced onto a one-host path (``shm``,
+``pipe`` or ``cma``), or a scatter left
 to the decision table (``auto``), at sizes from empty to several chunks, on seeded inputs, checked exactly, with each rank's buffers
 overwritten the moment the call returns (a peer still reading them would get garbage).
 
@@ -21,7 +21,7 @@ import trio
 
 import trioring
 from trioring._collectives._gather import SHM_SCATTER_BYTES
-from trioring._onehost._shm import SHM_MAX_BYTES
+from trioring._onehost._shm import PIPE_CHUNK_BYTES, PIPE_CHUNKS, SHM_MAX_BYTES
 
 DTYPES = ("float32", "int8", "float64", "bool", "complex64")
 
@@ -36,6 +36,10 @@ def counts(algorithm: str, collective: str, n: int, itemsize: int) -> list[int]:
     the other ranks' blocks, not its own) stops carrying it."""
     if algorithm == "cma":
         return [0, 1, 5, 1000, 300_001]
+    if algorithm == "pipe":
+        # The last: a block of more than the whole ring, ending in a partial chunk.
+        wrapping = [PIPE_CHUNKS * PIPE_CHUNK_BYTES // itemsize + 3] if itemsize == 4 else []
+        return [0, 1, 5, 1000, 300_001, *wrapping]
     if algorithm == "auto":
         most = SHM_SCATTER_BYTES // ((n - 1) * itemsize)
         return [0, 1, 5, most - 1, most, most + 1]

@@ -1,10 +1,13 @@
-"""One rank of tests/test_pipe.py: a broadcast through the shared segment's pipe (forced) of
-16 MiB of float32 from root 0, sixteen chunks through a ring of four, that goes wrong.
+"""One rank of tests/test_pipe.py: a collective through the shared segment's pipe (forced) of
+16 MiB of float32 (rooted ones from root 0), sixteen chunks or more through a ring of four,
+that goes wrong.
 
-``trioring run -n N --transport unix pipe_worker.py MODE OUT_DIR VICTIM``. Modes:
+``trioring run -n N --transport unix pipe_worker.py MODE OUT_DIR VICTIM [COLLECTIVE]``
+(COLLECTIVE: ``broadcast``, the default, ``allreduce``, ``reduce``, ``reduce_scatter``,
+``allgather``, ``gather``, ``scatter`` or ``alltoall``; ``mismatch`` is a broadcast). Modes:
 
-- ``kill``: rank VICTIM SIGKILLs itself as it finishes its third chunk (the root having
-  written it, a receiver having copied it out), in the middle of the stream.
+- ``kill``: rank VICTIM SIGKILLs itself as it finishes its third chunk (written, copied
+  out or reduced), in the middle of the stream.
 - ``cancel``: rank VICTIM cancels its call at the same point (a cancel scope it cancels
   itself), and reports whether it was cancelled.
 - ``mismatch``: rank VICTIM names itself the root; the others name rank 0.
@@ -34,25 +37,48 @@ ELEMENTS = 4 * 1024 * 1024
 
 def at_third_chunk(action: Any) -> None:
     """Run ``action`` as this rank finishes its third chunk of the pipe."""
-    original = _pipe._yield_now_and_then
+    original = _pipe._Stream.breathe
     calls = [0]
 
-    async def counted(since: float) -> float:
+    async def counted(self: Any) -> None:
         calls[0] += 1
         if calls[0] == 3:
             action()
-        return await original(since)
+        await original(self)
 
-    _pipe._yield_now_and_then = counted
+    _pipe._Stream.breathe = counted  # type: ignore[method-assign]
 
 
-async def main(mode: str, out_dir: Path, victim: int) -> int:
+def call(comm: trioring.Communicator, collective: str, root: int) -> Any:
+    """The collective ``collective`` of 16 MiB in all, forced through the pipe."""
+    n, rank = comm.world_size, comm.rank
+    comm._force_algorithm(collective, "pipe")
+    x = np.full(ELEMENTS, float(rank), np.float32)
+    if collective == "broadcast":
+        return comm.broadcast(x, root=root)
+    if collective == "allreduce":
+        return comm.allreduce(x)
+    if collective == "reduce":
+        return comm.reduce(x, root=root)
+    if collective == "reduce_scatter":
+        return comm.reduce_scatter(x.reshape(n, -1))
+    if collective == "alltoall":
+        return comm.alltoall(x[: ELEMENTS // n * n].reshape(n, -1))
+    block = x[: ELEMENTS // n]
+    if collective == "allgather":
+        return comm.allgather(block)
+    if collective == "gather":
+        return comm.gather(block, root=root)
+    assert collective == "scatter"
+    return comm.scatter(x[: ELEMENTS // n * n].reshape(n, -1) if rank == root else None, root=root)
+
+
+async def main(mode: str, out_dir: Path, victim: int, collective: str) -> int:
     report: dict[str, Any] = {}
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     with trio.fail_after(60):
         async with trioring.open_communicator() as comm:
             rank = comm.rank
-            comm._force_algorithm("broadcast", "pipe")
             root = 0
             scope = trio.CancelScope()
             if rank == victim:
@@ -62,12 +88,11 @@ async def main(mode: str, out_dir: Path, victim: int) -> int:
                     at_third_chunk(scope.cancel)
                 else:
                     root = victim
-            x = np.full(ELEMENTS, float(rank), np.float32)
             await comm.barrier()
             started = time.monotonic()
             try:
                 with scope:
-                    await comm.broadcast(x, root=root)
+                    await call(comm, collective, root)
             except trioring.CollectiveError as exc:
                 report["error"] = type(exc).__name__
                 report["message"] = str(exc)
@@ -82,4 +107,5 @@ async def main(mode: str, out_dir: Path, victim: int) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(trio.run(main, sys.argv[1], Path(sys.argv[2]), int(sys.argv[3])))
+    collective = sys.argv[4] if sys.argv[4:] else "broadcast"
+    sys.exit(trio.run(main, sys.argv[1], Path(sys.argv[2]), int(sys.argv[3]), collective))

@@ -44,6 +44,8 @@ def runnable(comm: trioring.Communicator, algorithm: str, nbytes: int) -> bool:
         return "shm" in comm.features and nbytes <= _reduce.shm_limit(comm._world)
     if algorithm == "cma":
         return "cma" in comm.features
+    if algorithm == "pipe":
+        return "shm" in comm.features
     if algorithm == "recursive_halving":
         return nbytes <= _reduce.small_bytes(comm._world)
     return True

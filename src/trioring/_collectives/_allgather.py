@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import _algorithms
-from .._onehost import _copies
+from .._onehost import _copies, _pipe
 from .._onehost._shm import SHM_MAX_BYTES
 from .._wire import DTYPE_CODES
 from ._checks import Refused, check_array, check_out
@@ -41,6 +41,7 @@ __all__ = ["body", "body_v", "check", "check_v", "plan_allgather", "plan_allgath
 #: The algorithms, by the name that the decision table and forcing use.
 _ALGORITHMS = {
     "shm": _copies.shm_allgather,
+    "pipe": _pipe.pipe_allgather,
     "cma": _copies.cma_allgather,
     "bruck": _algorithms.bruck_allgather,
     "recursive_doubling": _algorithms.recursive_doubling_allgather,
@@ -127,7 +128,12 @@ def body(
     count = flat.shape[0]
     bounds = [i * count for i in range(world.size + 1)]
     if name is None:
-        name = decide(gathered.nbytes, world.size, _onehost(world, flat.nbytes))
+        name = decide(
+            gathered.nbytes,
+            world.size,
+            _onehost(world, flat.nbytes),
+            segment=world.shm is not None,
+        )
     algorithm = _ALGORITHMS[name]
 
     async def run(spec: OpSpec) -> None:
@@ -184,7 +190,9 @@ def body_v(
             bounds.append(bounds[-1] + peer_rows * size)
         gathered = np.empty(bounds[n], dtype=flat.dtype) if out is None else out
         _place(flat, gathered, bounds, r)
-        chosen = decide(gathered.nbytes, n, _onehost(world, None)) if name is None else name
+        segment = world.shm is not None
+        onehost = _onehost(world, None)
+        chosen = name or decide(gathered.nbytes, n, onehost, segment=segment)
         if n > 1:
             data = spec._replace(count=bounds[n])
             await _ALGORITHMS[chosen](world, data, gathered, bounds)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import _algorithms
-from .._onehost import _cma_collectives, _shm, _shm_collectives
+from .._onehost import _cma_collectives, _pipe, _shm, _shm_collectives
 from .._wire import OP_NAMES
 from ._checks import Refused, check_array
 
@@ -115,6 +115,9 @@ def unrunnable(name: str, world: World, nbytes: int) -> str | None:
     elif name == "cma":
         if world.peer_pids is None:
             return "the forced allreduce algorithm 'cma' needs the \"cma\" feature"
+    elif name == "pipe":
+        if world.shm is None:
+            return "the forced allreduce algorithm 'pipe' needs the \"shm\" feature"
     elif name == "recursive_doubling" and world.size > 1 and nbytes > world.scratch.nbytes:
         return (
             "the forced allreduce algorithm 'recursive_doubling' takes arrays of at most "
@@ -133,6 +136,8 @@ def body(
         algorithm = _shm_collectives.shm_allreduce
     elif name == "cma":
         algorithm = _cma_collectives.cma_allreduce
+    elif name == "pipe":
+        algorithm = _pipe.pipe_allreduce
     elif name == "recursive_doubling":
         algorithm = _algorithms.recursive_doubling_allreduce
     else:

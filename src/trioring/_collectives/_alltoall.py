@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import _algorithms
-from .._onehost import _copies
+from .._onehost import _copies, _pipe
 from .._onehost._shm import SHM_MAX_BYTES
 from .._wire import DTYPE_CODES
 from . import _decision
@@ -66,7 +66,9 @@ def plan_alltoall(
     if forced is None:
         shm = world.shm is not None and _decision.others_share(flat.nbytes, n) <= SHM_MAX_BYTES
         onehost = (shm, world.peer_pids is not None)
-        name = _decision.alltoall(block * flat.dtype.itemsize, n, onehost)
+        name = _decision.alltoall(
+            block * flat.dtype.itemsize, n, onehost, segment=world.shm is not None
+        )
     elif (
         why := _decision.copy_unrunnable(
             "alltoall", forced, world, _decision.others_share(flat.nbytes, n)
@@ -80,6 +82,11 @@ def plan_alltoall(
 
         async def run(spec: OpSpec) -> None:
             await _copies.shm_alltoall(world, spec, flat, received)
+
+    elif name == "pipe":
+
+        async def run(spec: OpSpec) -> None:
+            await _pipe.pipe_alltoall(world, spec, flat, received)
 
     elif name == "cma":
 

@@ -5,6 +5,7 @@ paths that every rank agreed on at opening. Every choice trioring makes is here.
 collective  condition, first match wins                             algorithm
 ==========  ======================================================  ======================
 allreduce   "shm" and nbytes <= the segment's share (<= 256 KiB)    ``shm``
+allreduce   "shm" (larger arrays, through the segment's pipe)       ``pipe``
 allreduce   "cma" and nbytes > CMA_MIN_BYTES                        ``cma``
 allreduce   nbytes <= min(SMALL_ALLREDUCE_BYTES, chunk_bytes)        ``recursive_doubling``
 allreduce   otherwise                                               ``ring``
@@ -15,6 +16,8 @@ broadcast   otherwise                                               ``tree``
 barrier     "shm"                                                   ``shm``
 barrier     otherwise                                               ``dissemination``
 allgather   "shm" and each rank's block <= SHM_MAX_BYTES            ``shm``
+allgather   "shm", and total <= PIPE_MAX_ALLGATHER_BYTES or no      ``pipe``
+            "cma"
 allgather   "cma" and total nbytes > CMA_MIN_COPY_BYTES             ``cma``
 allgather   n a power of 2, total <= SMALL_POW2_ALLGATHER_BYTES     ``recursive_doubling``
 allgather   total nbytes <= SMALL_ALLGATHER_BYTES                   ``bruck``
@@ -23,17 +26,20 @@ allgatherv  as allgather (total nbytes, once the counts are known),  as allgathe
             but never ``shm`` (blocks of differing sizes)
 alltoall    "shm" and (n-1)/n nbytes <= SHM_MAX_BYTES (own block    ``shm``
             stays out of the slot)
+alltoall    "shm", and n >= 3 or no "cma"                           ``pipe``
 alltoall    "cma" and nbytes > CMA_MIN_COPY_BYTES                   ``cma``
 alltoall    block nbytes <= SMALL_ALLTOALL_BLOCK_BYTES and n >= 4   ``bruck``
 alltoall    otherwise                                               ``pairwise``
 alltoallv   any sizes                                               ``pairwise``
 gather      "shm" and each rank's block <= SHM_MAX_BYTES            ``shm``
+gather      "shm", and n <= 3 or no "cma"                           ``pipe``
 gather      "cma" and total nbytes > CMA_MIN_COPY_BYTES             ``cma``
 gather      otherwise (an agreement round, then the binomial tree)  ``tree``
 gatherv     any sizes                                               ``tree``
 scatter     "shm", an array on the root whose other ranks' blocks   ``shm`` (not forceable:
             fit its slot beside the header (the header round goes      only the root knows the
             through the segment whenever there is one)                 size before the round)
+scatter     "shm", no "cma", an array on the root                   ``pipe``
 scatter     "cma", an array on the root, total > CMA_MIN_SCATTER_   ``cma``
             BYTES with a shared segment, CMA_MIN_COPY_BYTES without
 scatter     otherwise (a header round, then the binomial tree)      ``tree``
@@ -44,14 +50,14 @@ scatterv    any sizes                                               ``tree``
 collective       condition (see REDUCE_FAMILY below)                  algorithm
 ===============  ===================================================  =========================
 reduce_scatter   "shm" and nbytes <= allreduce's share of the segment  ``shm``
-reduce_scatter   "cma", and "shm" or nbytes >                          ``cma``
-                 CMA_MIN_REDUCE_SCATTER_BYTES
+reduce_scatter   "shm" (larger inputs, through the segment's pipe)    ``pipe``
+reduce_scatter   "cma" and nbytes > CMA_MIN_REDUCE_SCATTER_BYTES       ``cma``
 reduce_scatter   nbytes <= min(SMALL_REDUCE_SCATTER_BYTES, chunk)     ``recursive_halving``
 reduce_scatter   otherwise                                            ``ring``
 reduce_scatterv  as reduce_scatter (total nbytes)                     as reduce_scatter
 reduce           "shm" and nbytes <= allreduce's share of the segment  ``shm``
-reduce           "cma", n >= 3, nbytes > CMA_MIN_REDUCE_BYTES with      ``cma``
-                 "shm", CMA_MIN_COPY_BYTES without
+reduce           "shm" (larger arrays, through the segment's pipe)    ``pipe``
+reduce           "cma", n >= 3, nbytes > CMA_MIN_COPY_BYTES            ``cma``
 reduce           nbytes <= SMALL_REDUCE_BYTES, or n <= 2              ``tree``
 reduce           otherwise                                            ``reduce_scatter_gather``
 ===============  ===================================================  =========================
@@ -92,8 +98,8 @@ if TYPE_CHECKING:
 __all__ = [
     "ALGORITHMS",
     "CMA_MIN_BYTES",
-    "CMA_MIN_REDUCE_BYTES",
     "CMA_MIN_REDUCE_SCATTER_BYTES",
+    "PIPE_MAX_ALLGATHER_BYTES",
     "SMALL_ALLGATHER_BYTES",
     "SMALL_ALLREDUCE_BYTES",
     "SMALL_ALLTOALL_BLOCK_BYTES",
@@ -168,21 +174,59 @@ SMALL_ALLGATHER_BYTES = 256 * 1024
 #: talks to neighbours only, MPICH's reason for it on long messages).
 SMALL_POW2_ALLGATHER_BYTES = 64 * 1024 * 1024
 
+# PIPE_FAMILY: with a shared segment, what its slots cannot take goes through its pipe
+# (_onehost._pipe: a ring of 4 x 1 MiB that every rank maps, a writer copying chunk k in
+# while its readers copy chunk k - 1 out or reduce it), rather than by cross-memory attach,
+# whose kernel copy runs at half the speed of a copy in user space here (a 4 MiB read: 346-
+# 377 us by process_vm_readv, 147-157 through the ring, forked processes). Forced against
+# cma in alternating rounds (bench/thresholds.py, float32, 5-7 rounds of 10 calls, the
+# slowest rank; pipe / cma, us), every result checked:
+#   broadcast  w2: 300 KiB 57 / 60, 1 MiB 110 / 117, 4 MiB 172 / 280, 16 MiB 1091 / 2241,
+#              64 MiB 4650 / 6854; w4: 144 / 192, 246 / 344, 759 / 951, 2980 / 4690,
+#              10764 / 15827.
+#   allreduce  w2: 300 KiB 130 / 156, 1 MiB 172 / 247, 4 MiB 296 / 491, 8 MiB 801 / 803,
+#              16 MiB 2198 / 2472, 64 MiB 9510 / 10163; w3: 1 MiB 547 / 658, 4 MiB 1240 /
+#              1726, 16 MiB 5621 / 7253; w4: 300 KiB 592 / 622, 1 MiB 787 / 1042, 4 MiB 2110
+#              / 4441, 16 MiB 9084 / 11438, 64 MiB 30584 / 31986.
+#   reduce_scatter  w2: 300 KiB 96 / 100, 1 MiB 147 / 196, 4 MiB 366 / 518, 16 MiB 2750 /
+#              3017; w4: 299 / 333, 438 / 535, 1388 / 2001, 5132 / 5634.
+#   reduce     w2: 300 KiB 93 / 127 (tree 102), 1 MiB 138 / 226 (248), 4 MiB 460 / 624
+#              (940), 16 MiB 2696 / 3691 (3992); w4: 515 / 488 (642), 859 / 917 (846),
+#              1562 / 3685 (3579), 9066 / 9798 (11549).
+#   allgather  w2: 1 MiB 127 / 184, 4 MiB 301 / 339, 8 MiB 876 / 891, 16 MiB 2470 / 2162
+#              (an earlier run 6942 / 2690); w4: 300 KiB 318 / 433, 1 MiB 593 / 1111, 4 MiB
+#              1377 / 1561, 16 MiB 4987 / 4793: up to PIPE_MAX_ALLGATHER_BYTES, where the
+#              two copies of each byte begin to cost more than the kernel's one.
+#   alltoall   w2: 300 KiB 89 / 98, 1 MiB 143 / 142, 4 MiB 478 / 423, 16 MiB 3028 / 2931;
+#              w3: 286 / 459, 292 / 830, 1143 / 1413 (300 KiB to 4 MiB); w4: 337 / 350,
+#              468 / 624, 1619 / 2197, 6525 / 6819: the pipe from world 3.
+#   gather     w2: 300 KiB 67 / 55, 1 MiB 77 / 106, 4 MiB 180 / 290, 16 MiB 1388 / 2382;
+#              w3: 130 / 115, 159 / 183, 301 / 372 (to 4 MiB); w4: 316 / 268, 633 / 330,
+#              1298 / 710, 3773 / 2781: the pipe up to world 3. At world 4 on 2 cores its
+#              three writers and the root share two cores; by cma the root reads alone.
+#   scatter    w2: 300 KiB 143 / 106, 1 MiB 189 / 144, 4 MiB 280 / 264, 16 MiB 2275 / 1227;
+#              w4: 387 / 432, 420 / 436, 777 / 621, 3509 / 3282: cma, where the root's
+#              readers copy in parallel, each once; the pipe only without it.
+# Without cross-memory attach the pipe takes every size the slots cannot (against the
+# sockets at world 4, TRIORING_CMA=0: gather 300 KiB 230 / 332 us by the tree, 1 MiB 192 /
+# 431; scatter 327 / 365, 361 / 448).
+PIPE_MAX_ALLGATHER_BYTES = 8 * 1024 * 1024
+
 #: Every algorithm of every collective, by the name that forcing uses.
 ALGORITHMS: dict[str, tuple[str, ...]] = {
-    "allreduce": ("shm", "cma", "recursive_doubling", "ring"),
+    "allreduce": ("shm", "pipe", "cma", "recursive_doubling", "ring"),
     "broadcast": ("shm", "pipe", "cma", "tree"),
     "barrier": ("shm", "dissemination"),
-    "allgather": ("shm", "cma", "bruck", "recursive_doubling", "ring"),
-    "allgatherv": ("cma", "bruck", "recursive_doubling", "ring"),
-    "reduce_scatter": ("shm", "cma", "recursive_halving", "ring"),
-    "reduce_scatterv": ("shm", "cma", "recursive_halving", "ring"),
-    "reduce": ("shm", "cma", "tree", "reduce_scatter_gather"),
-    "gather": ("shm", "cma", "tree"),
+    "allgather": ("shm", "pipe", "cma", "bruck", "recursive_doubling", "ring"),
+    "allgatherv": ("pipe", "cma", "bruck", "recursive_doubling", "ring"),
+    "reduce_scatter": ("shm", "pipe", "cma", "recursive_halving", "ring"),
+    "reduce_scatterv": ("shm", "pipe", "cma", "recursive_halving", "ring"),
+    "reduce": ("shm", "pipe", "cma", "tree", "reduce_scatter_gather"),
+    "gather": ("shm", "pipe", "cma", "tree"),
     "gatherv": ("tree",),
-    "scatter": ("cma", "tree"),
+    "scatter": ("pipe", "cma", "tree"),
     "scatterv": ("tree",),
-    "alltoall": ("shm", "cma", "bruck", "pairwise"),
+    "alltoall": ("shm", "pipe", "cma", "bruck", "pairwise"),
     "alltoallv": ("pairwise",),
     "scan": ("recursive_doubling",),
     "exscan": ("recursive_doubling",),
@@ -205,28 +249,21 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
 # buffer, one chunk), so SMALL_REDUCE_SCATTER_BYTES is that chunk, not MPICH's 512 KiB.
 SMALL_REDUCE_SCATTER_BYTES = 1024 * 1024
 #
-# On one host with cross-memory attach, reduce_scatter and reduce_scatterv read each peer's
-# block of their input directly (_cma_collectives.cma_reduce_scatter) whenever the shared
-# segment, where there is one, cannot take the call, and without a segment (the control
-# then goes by frames) above CMA_MIN_REDUCE_SCATTER_BYTES. Measured with
-# bench/thresholds.py (float32, 7 alternating rounds of 10 calls, slowest rank; cma against
-# recursive halving up to 1 MiB, the ring above, us): with a segment at world 2, 256 KiB
-# 70 / 114, 1 MiB 154 / 228, 4 MiB 378 / 895, 16 MiB 2235 / 3992; at world 3, 384 KiB 400 /
-# 537; at world 4, 256 KiB 368 / 402, 1 MiB 610 / 1007, 4 MiB 1637 / 3560, 16 MiB 5654 /
-# 12829. Without a segment at world 2, 64 KiB 91 / 78, 256 KiB 109 / 132, 1 MiB 220 / 295;
-# at world 4, 256 KiB 691 / 606, 1 MiB 952 / 999.
+# On one host with a shared segment, reduce_scatter, reduce_scatterv and reduce go through
+# its pipe whenever its slots cannot take the call (see PIPE_FAMILY). Without a segment but
+# with cross-memory attach, reduce_scatter(v) reads each peer's block of their input
+# directly (_cma_collectives.cma_reduce_scatter) above CMA_MIN_REDUCE_SCATTER_BYTES, the
+# control going by frames. Measured with bench/thresholds.py (float32, 7 alternating rounds
+# of 10 calls, slowest rank; cma against recursive halving up to 1 MiB, the ring above, us):
+# without a segment at world 2, 64 KiB 91 / 78, 256 KiB 109 / 132, 1 MiB 220 / 295; at
+# world 4, 256 KiB 691 / 606, 1 MiB 952 / 999.
 CMA_MIN_REDUCE_SCATTER_BYTES = 1024 * 1024
-# Reduce reads the same way (_cma_collectives.cma_reduce: each rank reduces a segment, the
-# root copies the finished ones), at world sizes of 3 and more, above CMA_MIN_REDUCE_BYTES
-# with a segment and CMA_MIN_COPY_BYTES without. At world 2 the tree stays: it was as fast
-# or faster (with a segment, 4 MiB: 679 against 682 us, 849 against 711, 1352 against 3141
-# in three runs; without, 1 MiB 216 / 261), since the root copies and reduces as much either
-# way and the tree's sender runs ahead through the socket buffer. With a segment at world 3
-# (cma / tree, us): 512 KiB 508 / 488, 1 MiB 546 / 659, 4 MiB 1829 / 2290; at world 4,
-# 256 KiB 376 / 571, 1 MiB 608 / 889, 4 MiB 2352 / 3264, 16 MiB 9194 / 10616. Without a
-# segment at world 3, 1 MiB 925 / 571, 4 MiB 2314 / 2597; at world 4, 1 MiB 932 / 988, 4 MiB
-# 2616 / 3991.
-CMA_MIN_REDUCE_BYTES = 512 * 1024
+# Reduce without a segment reads the same way (_cma_collectives.cma_reduce: each rank
+# reduces a segment, the root copies the finished ones), at world sizes of 3 and more,
+# above CMA_MIN_COPY_BYTES. At world 2 the tree stays: it was as fast or faster (1 MiB 216 /
+# 261 us), since the root copies and reduces as much either way and the tree's sender runs
+# ahead through the socket buffer. At world 3 (cma / tree, us) 1 MiB 925 / 571, 4 MiB 2314
+# / 2597; at world 4, 1 MiB 932 / 988, 4 MiB 2616 / 3991.
 # For reduce, MPICH takes the binomial tree, ceil(log2 n) (alpha + m beta + m gamma), up to
 # 2 KiB (REDUCE_SHORT) and Rabenseifner's reduce-scatter + gather,
 # 2 log2 n alpha + 2 ((n-1)/n) m beta + ((n-1)/n) m gamma, above: the root receives about
@@ -250,6 +287,8 @@ def allreduce(nbytes: int, shm_bytes: int, cma: bool, small_bytes: int) -> str:
     worked out by the caller once, so that a 4-byte allreduce pays little for asking.)"""
     if nbytes <= shm_bytes:
         return "shm"
+    if shm_bytes >= 0:
+        return "pipe"
     if cma and nbytes > CMA_MIN_BYTES:
         return "cma"
     if nbytes <= small_bytes:
@@ -272,15 +311,21 @@ def barrier(*, shm: bool) -> str:
 
 
 def allgather(
-    total_nbytes: int, world_size: int, onehost: tuple[bool, bool] = (False, False)
+    total_nbytes: int,
+    world_size: int,
+    onehost: tuple[bool, bool] = (False, False),
+    *,
+    segment: bool = False,
 ) -> str:
     """The allgather and allgatherv row, by the bytes gathered on every rank (for
     allgatherv known only after the counts are exchanged, identically on every rank), the
-    world size, and (whether the shared segment takes this call's blocks, whether
-    cross-memory attach was agreed)."""
+    world size, (whether the shared segment's slots take this call's blocks, whether
+    cross-memory attach was agreed) and whether there is a shared segment (its pipe)."""
     shm, cma = onehost
     if shm:
         return "shm"
+    if segment and (not cma or total_nbytes <= PIPE_MAX_ALLGATHER_BYTES):
+        return "pipe"
     if cma and total_nbytes > CMA_MIN_COPY_BYTES:
         return "cma"
     if total_nbytes <= SMALL_POW2_ALLGATHER_BYTES and world_size & (world_size - 1) == 0:
@@ -295,7 +340,9 @@ def reduce_scatter(nbytes: int, small_bytes: int, shm_bytes: int = -1, cma: bool
     cross-memory attach was agreed (see REDUCE_FAMILY above)."""
     if nbytes <= shm_bytes:
         return "shm"
-    if cma and (shm_bytes >= 0 or nbytes > CMA_MIN_REDUCE_SCATTER_BYTES):
+    if shm_bytes >= 0:
+        return "pipe"
+    if cma and nbytes > CMA_MIN_REDUCE_SCATTER_BYTES:
         return "cma"
     return "recursive_halving" if nbytes <= small_bytes else "ring"
 
@@ -305,8 +352,9 @@ def reduce(nbytes: int, world_size: int, shm_bytes: int = -1, cma: bool = False)
     :func:`reduce_scatter` (see REDUCE_FAMILY above)."""
     if nbytes <= shm_bytes:
         return "shm"
-    cma_above = CMA_MIN_REDUCE_BYTES if shm_bytes >= 0 else CMA_MIN_COPY_BYTES
-    if cma and world_size >= 3 and nbytes > cma_above:
+    if shm_bytes >= 0:
+        return "pipe"
+    if cma and world_size >= 3 and nbytes > CMA_MIN_COPY_BYTES:
         return "cma"
     if nbytes <= SMALL_REDUCE_BYTES or world_size <= 2:
         return "tree"
@@ -332,14 +380,21 @@ SMALL_ALLTOALL_BLOCK_BYTES = 1024
 
 
 def alltoall(
-    block_nbytes: int, world_size: int, onehost: tuple[bool, bool] = (False, False)
+    block_nbytes: int,
+    world_size: int,
+    onehost: tuple[bool, bool] = (False, False),
+    *,
+    segment: bool = False,
 ) -> str:
     """The alltoall row for blocks of ``block_nbytes`` (the same on every rank whose call
-    agrees: the frames carry dtype and element count) at ``world_size``, and (whether the
-    shared segment takes this call's input, whether cross-memory attach was agreed)."""
+    agrees: the frames carry dtype and element count) at ``world_size``, (whether the
+    shared segment's slots take this call's input, whether cross-memory attach was agreed)
+    and whether there is a shared segment (its pipe)."""
     shm, cma = onehost
     if shm:
         return "shm"
+    if segment and (not cma or world_size >= 3):
+        return "pipe"
     if cma and block_nbytes * world_size > CMA_MIN_COPY_BYTES:
         return "cma"
     if world_size >= 4 and block_nbytes <= SMALL_ALLTOALL_BLOCK_BYTES:
@@ -375,13 +430,22 @@ def scan() -> str:
 # that a disagreement raises on every rank (see _collectives._gather). Not measured here.
 
 
-def gather(total_nbytes: int = 0, onehost: tuple[bool, bool] = (False, False)) -> str:
-    """The gather row for ``total_nbytes`` gathered at the root, and (whether the shared
-    segment takes this call's blocks, whether cross-memory attach was agreed); gatherv's
-    blocks are known only after a first exchange: it passes nothing, for the tree."""
+def gather(
+    total_nbytes: int = 0,
+    onehost: tuple[bool, bool] = (False, False),
+    *,
+    segment: bool = False,
+    world_size: int = 1,
+) -> str:
+    """The gather row for ``total_nbytes`` gathered at the root, (whether the shared
+    segment's slots take this call's blocks, whether cross-memory attach was agreed),
+    whether there is a shared segment (its pipe) and the world size; gatherv's blocks are
+    known only after a first exchange: it passes nothing, for the tree."""
     shm, cma = onehost
     if shm:
         return "shm"
+    if segment and (not cma or world_size <= 3):
+        return "pipe"
     if cma and total_nbytes > CMA_MIN_COPY_BYTES:
         return "cma"
     return "tree"
@@ -420,6 +484,8 @@ def scatter(
     the root's own, must fit it."""
     if slot_bytes >= 0 and others_share(total_nbytes, world_size) <= slot_bytes:
         return "shm"
+    if slot_bytes >= 0 and not cma:
+        return "pipe"
     threshold = CMA_MIN_SCATTER_BYTES if slot_bytes >= 0 else CMA_MIN_COPY_BYTES
     return "cma" if cma and total_nbytes > threshold else "tree"
 
@@ -436,6 +502,8 @@ def copy_unrunnable(collective: str, name: str, world: World, nbytes: int) -> st
                 f"the forced {collective} algorithm 'shm' takes at most {SHM_MAX_BYTES} bytes "
                 f"per rank, not {nbytes}"
             )
+    elif name == "pipe" and world.shm is None:
+        return f"the forced {collective} algorithm 'pipe' needs the \"shm\" feature"
     elif name == "cma" and world.peer_pids is None:
         return f"the forced {collective} algorithm 'cma' needs the \"cma\" feature"
     return None

@@ -44,7 +44,7 @@ import numpy as np
 
 from .. import _algorithms
 from .._errors import ProtocolError
-from .._onehost import _copies
+from .._onehost import _copies, _pipe
 from .._onehost._shm import SHM_MAX_BYTES
 from .._onehost._shm_collectives import shm_done
 from .._wire import DTYPE_CODES, DTYPES
@@ -106,7 +106,12 @@ def plan_gather(
             result = out  # type: ignore[assignment]  # checked to be an ndarray
     if forced is None:
         shm = world.shm is not None and flat.nbytes <= SHM_MAX_BYTES
-        name = _decision.gather(n * flat.nbytes, (shm, world.peer_pids is not None))
+        name = _decision.gather(
+            n * flat.nbytes,
+            (shm, world.peer_pids is not None),
+            segment=world.shm is not None,
+            world_size=n,
+        )
     elif (why := _decision.copy_unrunnable("gather", forced, world, flat.nbytes)) is not None:
         raise Refused(why)
     else:
@@ -117,6 +122,10 @@ def plan_gather(
         if name == "shm":
             # Every rank publishes the call on the segment: a disagreement raises everywhere.
             await _copies.shm_gather(world, spec, flat, gathered, checked_root, in_place=in_place)
+            return
+        if name == "pipe":
+            # As for "shm": the publication agrees.
+            await _pipe.pipe_gather(world, spec, flat, gathered, checked_root, in_place=in_place)
             return
         await agree(world, spec, name)
         if name == "cma":
@@ -291,7 +300,7 @@ def plan_scatter(
             rows = await _copies.shm_disseminate(world, spec, header, _merge, payload)
             if by == "cma":
                 announced = _copies.scatter_words(rows, header.nbytes)
-            else:
+            elif by != "pipe":
                 shm_done(world, spec)
         else:
             await _algorithms.disseminate(world, spec, header, _merge)
@@ -304,6 +313,9 @@ def plan_scatter(
             data = spec._replace(dtype_code=DTYPE_CODES[dtype], count=own_count)
             if by == "cma":
                 await _copies.cma_scatter(world, data, parts[0], result, checked_root, announced)
+                return
+            if by == "pipe":
+                await _pipe.pipe_scatter(world, data, parts[0], result, checked_root)
                 return
             sizes = [own_count] * n
             await _algorithms.tree_scatter(world, data, parts, sizes, checked_root, result)
@@ -440,7 +452,8 @@ def _scatter_elsewhere(
                 # The root's slot holds every block but its own, after the header.
                 at = HEADER_WORDS * 8 + (r - (r > root)) * count * dtype.itemsize
                 result.view(np.uint8)[...] = rows[root, at : at + result.nbytes]
-        if rows is not None and by != "cma":
+        if rows is not None and by not in ("cma", "pipe"):
+            # The copy's end says done (the done words of the header round's publication).
             shm_done(world, spec)
         if by == "shm":
             return
@@ -451,6 +464,9 @@ def _scatter_elsewhere(
                 # done word waits for the end of the copy).
                 announced = None if rows is None else _copies.scatter_words(rows, header.nbytes)
                 await _copies.cma_scatter(world, data, None, result, root, announced)
+                return
+            if by == "pipe":
+                await _pipe.pipe_scatter(world, data, None, result, root)
                 return
             await _algorithms.tree_scatter(world, data, None, [count] * n, root, result)
             return

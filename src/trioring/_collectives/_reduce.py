@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import _algorithms
-from .._onehost import _cma_collectives, _shm_collectives
+from .._onehost import _cma_collectives, _pipe, _shm_collectives
 from .._wire import DTYPE_CODES, NO_ROOT
 from . import _decision
 from ._allreduce import OP_CODES, UFUNCS, ReduceOp, check, shm_bytes
@@ -149,6 +149,10 @@ def unrunnable(collective: str, name: str, world: World, nbytes: int) -> str | N
         if world.peer_pids is None:
             return f"the forced {collective} algorithm 'cma' needs the \"cma\" feature"
         return None
+    if name == "pipe":
+        if world.shm is None:
+            return f"the forced {collective} algorithm 'pipe' needs the \"shm\" feature"
+        return None
     if name == "recursive_halving" and world.size > 1 and nbytes > world.scratch.nbytes:
         return (
             f"the forced {collective} algorithm 'recursive_halving' takes arrays of at most "
@@ -175,10 +179,12 @@ def reduce_scatter_body(
     reduce_op: ReduceOp,
 ) -> Callable[[OpSpec], Awaitable[None]]:
     """The Communicator's step that reduce-scatters ``flat`` into ``out`` by the algorithm
-    ``name`` (``"shm"``, ``"cma"``, ``"recursive_halving"`` or ``"ring"``), for
+    ``name`` (``"shm"``, ``"pipe"``, ``"cma"``, ``"recursive_halving"`` or ``"ring"``), for
     reduce_scatter and reduce_scatterv alike."""
     if name == "shm":
         algorithm = _shm_collectives.shm_reduce_scatter
+    elif name == "pipe":
+        algorithm = _pipe.pipe_reduce_scatter
     elif name == "cma":
         algorithm = _cma_collectives.cma_reduce_scatter
     elif name == "recursive_halving":
@@ -197,7 +203,7 @@ def reduce_body(
     name: str, world: World, flat: np.ndarray, root: int, reduce_op: ReduceOp
 ) -> Callable[[OpSpec], Awaitable[None]]:
     """The Communicator's step that reduces ``flat`` into root's by the algorithm ``name``
-    (``"shm"``, ``"cma"``, ``"tree"`` or ``"reduce_scatter_gather"``, whose reduce-scatter is the one
+    (``"shm"``, ``"pipe"``, ``"cma"``, ``"tree"`` or ``"reduce_scatter_gather"``, whose reduce-scatter is the one
     the reduce_scatter row picks for ``flat``'s size among the socket algorithms, so that it
     runs at any size)."""
     ufunc, divide = UFUNCS[reduce_op], reduce_op is ReduceOp.MEAN
@@ -207,6 +213,13 @@ def reduce_body(
             await _shm_collectives.shm_reduce(world, spec, flat, root, ufunc, divide=divide)
 
         return through_the_segment
+    if name == "pipe":
+
+        async def through_the_pipe(spec: OpSpec) -> None:
+            # Its publication agrees on the call, the root included.
+            await _pipe.pipe_reduce(world, spec, flat, root, ufunc, divide=divide)
+
+        return through_the_pipe
     if name == "reduce_scatter_gather":
         halving = _decision.reduce_scatter(flat.nbytes, small_bytes(world)) != "ring"
 

@@ -54,10 +54,12 @@ class AlltoallMethods(CommunicatorCore):
         ``"cma"`` entries of :attr:`features`): an input whose blocks for the other ranks
         come to at most ``SHM_MAX_BYTES`` goes through the shared segment (every rank
         publishes those blocks and the call, copies its own block directly, then copies its
-        block out of every peer's slot); above ``CMA_MIN_COPY_BYTES`` in all,
-        every rank reads its block of every peer's ``x`` by cross-memory attach, each byte
-        copied once straight from where it is to where it goes; the caller may overwrite its
-        arrays as soon as the call returns.
+        block out of every peer's slot); larger inputs stream through the segment's pipe
+        (every block copied in by its sender, out by its receiver, chunk by chunk), except
+        at world 2 with cross-memory attach, which then takes them, as it does above
+        ``CMA_MIN_COPY_BYTES`` in all without a segment: every rank reads its block of every
+        peer's ``x`` directly, each byte copied once; the caller may overwrite its arrays as
+        soon as the call returns.
 
         If the call fails or is cancelled, the communicator is broken (as for any
         collective) and the contents of the result are unspecified; ``x`` is untouched.

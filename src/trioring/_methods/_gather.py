@@ -61,8 +61,11 @@ class GatherMethods(CommunicatorCore):
         the tree (other than the root) holds its subtree's blocks. On one host (the
         ``"shm"`` and ``"cma"`` entries of :attr:`features`): blocks of up to
         ``SHM_MAX_BYTES`` go through the shared segment (every other rank publishes its
-        block and the call, the root the call only, and copies the blocks); above
-        ``CMA_MIN_COPY_BYTES`` gathered in all, the agreement round, then the root reads
+        block and the call, the root the call only, and copies the blocks); larger blocks
+        stream through the segment's pipe (each rank copies its block in, chunk by chunk,
+        the root copies them out) up to world 3, or at any world size without cross-memory
+        attach; otherwise, above ``CMA_MIN_COPY_BYTES`` gathered in all, the agreement round
+        (through the segment where there is one), then the root reads
         every peer's ``x`` by cross-memory attach, and releases the peers once it has read
         them all, each byte copied once straight from where it is to where it goes; the
         caller may overwrite its arrays as soon as the call returns.
@@ -186,6 +189,9 @@ class GatherMethods(CommunicatorCore):
         every other rank reads its block straight from the root's array after the header
         round, and the root returns once all have; a rank that has read its block returns
         at once. A list on the root always goes by the tree, even when ``"cma"`` is forced.
+        With a shared segment but without cross-memory attach, such an array streams through
+        the segment's pipe after the header round instead (the root copies each block in,
+        chunk by chunk, its rank copies it out), and every rank returns once all have.
         With a shared segment (``"shm"`` in :attr:`features`) the header round goes through
         it instead of the sockets (every rank publishes its header, every rank merges them
         all), and an array whose blocks for the other ranks fit the root's slot beside the

@@ -51,7 +51,11 @@ class ReduceMethods(CommunicatorCore):
         input of up to :meth:`allreduce`'s share of the segment (at most ``SHM_MAX_BYTES``)
         goes through it: every rank publishes its input, then reduces its own block of every
         rank's in the order of the shared-memory allreduce (recursive doubling's tree over
-        the ranks). Otherwise, up to ``SMALL_REDUCE_SCATTER_BYTES`` (and one chunk), recursive halving:
+        the ranks); a larger input streams through the segment's pipe, rank r reducing its
+        block of the others' inputs, streamed to it chunk by chunk from ranks r - 1, r - 2,
+        ... in turn, into its own. Without a segment, above ``CMA_MIN_REDUCE_SCATTER_BYTES``
+        with cross-memory attach (``"cma"``), rank r reads its block of every peer's input
+        directly (peers r + 1, r + 2, ...). Otherwise, up to ``SMALL_REDUCE_SCATTER_BYTES`` (and one chunk), recursive halving:
         ``log2 p`` exchanges of halves of the array (p the largest power of two <= n, and two
         more steps when n is not one), in an order fixed by n (see the algorithms page);
         scratch: a copy of the array. Above, ring reduce-scatter: n-1 steps, each rank
@@ -128,6 +132,11 @@ class ReduceMethods(CommunicatorCore):
           the root reduces them all in the shared-memory allreduce's order (recursive
           doubling's tree over the ranks, bitwise :meth:`allreduce`'s result); the root
           divides a mean once.
+        - through the segment's pipe (on one host with a segment, larger arrays), or by
+          cross-memory attach (without a segment, at world 3 and more, above
+          ``CMA_MIN_COPY_BYTES``): as :meth:`reduce_scatter` by the same path, each rank
+          reducing its block (``[j * size // n, (j + 1) * size // n)``), whatever the root,
+          and dividing a mean once; the root then receives the finished blocks.
         - by reduce-scatter + gather (above): the array is cut into ``world_size`` blocks
           (block ``j``: elements ``[j * size // n, (j + 1) * size // n)``), each reduced as
           :meth:`reduce_scatter` reduces it (by the ring, ``x_j op (x_(j-1) op (... op
