@@ -3,8 +3,9 @@
     .venv/bin/python bench/budget.py [--json out.json]
 
 1. Peak RSS of a 256 MiB float32 allreduce at world 4, per rank, beyond what the process
-   held before the call (the array itself included in the baseline): with cross-memory
-   attach and with the socket ring (TRIORING_CMA=0). The budget is S/world + a few chunks.
+   held before the call (the array itself included in the baseline):
+   through the shared segment's pipe (the default), by cross-memory attach (forced) and with
+   the socket ring (TRIORING_SHM=0 TRIORING_CMA=0). The budget is S/world + a few chunks.
 2. Wall time of 10,000 back-to-back 4-byte allreduces at world 2 (budget: < 1 s), over
    Unix sockets, while another Trio task ticks in the same run (its tick count is shown, to
    see that the loop does not starve it).
@@ -104,7 +105,12 @@ def main() -> None:
     results: dict[str, object] = {}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp)
-        for label, env in (("cma", {}), ("socket ring", {"TRIORING_CMA": "0"})):
+        paths = (
+            ("pipe", {}),
+            ("cma", {"TRIORING_ALGORITHM": "allreduce=cma"}),
+            ("socket ring", {"TRIORING_SHM": "0", "TRIORING_CMA": "0"}),
+        )
+        for label, env in paths:
             launch(4, "memory", out, env)
             rows = [json.loads((out / f"memory{r}.json").read_text()) for r in range(4)]
             results[f"memory, {label}"] = rows

@@ -30,6 +30,7 @@ def test_issue_snippet(tmp_path: Path, transport: str, n: int) -> None:
         assert report["half"] == [members.index(r), len(members), [float(sum(members))] * 5]
         assert report["big"] == [total, total]
         assert report["small"] == [[p, 10 * p] for p in range(n)]
+        assert report["wide"] == [float(n - 1), float(n - 1)]
         assert report["cfg"] == {"lr": 0.1, "layers": [64, 64], "name": "run-7"}
         assert report["stats"] == [[p, 0.5, [0.0] * 4] for p in range(n)]
         assert report["rows"] == ([["ok", p] for p in range(n)] if r == 0 else None)

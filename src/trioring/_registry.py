@@ -162,9 +162,10 @@ def _features() -> list[Capability]:
             (
                 "shm",
                 _shm_unavailable(),
-                "barriers and collectives of up to "
-                f"{_shm.SHM_MAX_BYTES} bytes between ranks on one host (unix) go through a "
-                "shared segment instead of sockets; off with TRIORING_SHM=0",
+                "barriers and collectives between ranks on one host (unix) go through a "
+                f"shared segment instead of sockets: up to {_shm.SHM_MAX_BYTES} bytes "
+                "through its slots, larger ones streamed through its pipe; off with "
+                "TRIORING_SHM=0",
             ),
             (
                 "spin",

@@ -78,12 +78,18 @@ async def snippet(comm: trioring.Communicator, report: dict[str, Any]) -> None:
             nursery.start_soon(comm.allreduce, big)
             gathered: list[Any] = []
 
+            # Then a large broadcast on the other communicator while the large allreduce
+            # may still run: on one host each goes through its own segment's pipe.
+            wide = np.full(600_000, float(r))
+
             async def gather_small() -> None:
                 gathered.append(await side.allgather(small))
+                await side.broadcast(wide, root=n - 1)
 
             nursery.start_soon(gather_small)
         report["big"] = [float(big.min()), float(big.max())]
         report["small"] = gathered[0].tolist()
+        report["wide"] = [float(wide.min()), float(wide.max())]
 
     # objects: a safe codec, never pickle
     cfg = await comm.broadcast_object(
