@@ -221,20 +221,53 @@ def _step(array: np.ndarray) -> int:
     return PIPE_CHUNK_BYTES // array.dtype.itemsize
 
 
+def _to_all(world: World, bounds: Sequence[int], array: np.ndarray) -> list[Transfer]:
+    """Block q of ``array`` (``[bounds[q], bounds[q + 1])``, in place on every rank) from
+    rank q to every other rank, piece c of every block before piece c + 1 of any."""
+    others = [_others(world, q) for q in range(world.size)]
+    return [
+        (q, others[q], (hi - lo) * array.itemsize, array[lo:hi])
+        for pieces in _rounds(bounds, _step(array))
+        for q, (lo, hi) in enumerate(pieces)
+        if hi > lo
+    ]
+
+
+def _rooted(
+    world: World,
+    root: int,
+    bounds: Sequence[int],
+    at_root: np.ndarray | None,
+    own: np.ndarray,
+    *,
+    to_root: bool,
+) -> list[Transfer]:
+    """Block q (``[bounds[q], bounds[q + 1])`` of root's ``at_root``) between the root and
+    rank q's ``own`` (that block alone), for every q but the root: from q to the root with
+    ``to_root`` (gather), from the root to q without (scatter)."""
+    r = world.rank
+    transfers: list[Transfer] = []
+    for pieces in _rounds(bounds, _step(own)):
+        for q, (lo, hi) in enumerate(pieces):
+            if hi <= lo or q == root:
+                continue
+            if r == root:
+                assert at_root is not None
+                piece: np.ndarray | None = at_root[lo:hi]
+            else:
+                piece = own[lo - bounds[q] : hi - bounds[q]] if r == q else None
+            writer, readers = (q, (root,)) if to_root else (root, (q,))
+            transfers.append((writer, readers, (hi - lo) * own.itemsize, piece))
+    return transfers
+
+
 async def pipe_allgather(
     world: World, spec: OpSpec, gathered: np.ndarray, bounds: Sequence[int]
 ) -> None:
     """Every rank's block into ``gathered`` (rank i's at ``[bounds[i], bounds[i + 1])``, any
     sizes; this rank's already in place): each rank streams its block to all the others."""
-    itemsize = gathered.dtype.itemsize
-    others = [_others(world, q) for q in range(world.size)]
     stream = await _start(world, spec, gathered.nbytes)
-    await stream.run(
-        (q, others[q], (hi - lo) * itemsize, gathered[lo:hi])
-        for pieces in _rounds(bounds, _step(gathered))
-        for q, (lo, hi) in enumerate(pieces)
-        if hi > lo
-    )
+    await stream.run(_to_all(world, bounds, gathered))
     await _end(stream)
 
 
@@ -257,28 +290,8 @@ async def pipe_gather(
         if not in_place:
             gathered[r * count : (r + 1) * count] = flat
     bounds = [q * count for q in range(n + 1)]
-    await stream.run(
-        (q, (root,), (hi - lo) * flat.itemsize, _gathered_piece(r, q, root, flat, gathered, lo))
-        for pieces in _rounds(bounds, _step(flat))
-        for q, (lo, hi) in enumerate(pieces)
-        if hi > lo and q != root
-    )
+    await stream.run(_rooted(world, root, bounds, gathered, flat, to_root=True))
     await _end(stream)
-
-
-def _gathered_piece(
-    r: int, q: int, root: int, flat: np.ndarray, gathered: np.ndarray | None, lo: int
-) -> np.ndarray | None:
-    """This rank's array for the piece of rank ``q``'s block that starts at ``lo`` in the
-    gathered array: ``q``'s source, the root's destination, None elsewhere."""
-    step = _step(flat)
-    if r == q:
-        start = lo - q * flat.shape[0]
-        return flat[start : start + step]
-    if r == root:
-        assert gathered is not None
-        return gathered[lo : min(lo + step, (q + 1) * flat.shape[0])]
-    return None
 
 
 async def pipe_scatter(
@@ -294,20 +307,7 @@ async def pipe_scatter(
         assert blocks is not None
         out[...] = blocks[r * count : (r + 1) * count]
     bounds = [q * count for q in range(n + 1)]
-    step = _step(out)
-
-    def mine(q: int, lo: int) -> np.ndarray | None:
-        if r == root:
-            assert blocks is not None
-            return blocks[lo : min(lo + step, (q + 1) * count)]
-        return out[lo - q * count : lo - q * count + step] if r == q else None
-
-    await stream.run(
-        (root, (q,), (hi - lo) * out.itemsize, mine(q, lo))
-        for pieces in _rounds(bounds, step)
-        for q, (lo, hi) in enumerate(pieces)
-        if hi > lo and q != root
-    )
+    await stream.run(_rooted(world, root, bounds, blocks, out, to_root=False))
     await shm_finish(world, spec)
 
 
@@ -380,13 +380,7 @@ async def pipe_allreduce(
     await stream.run(_reductions(world, flat, bounds, flat[lo:hi]), reduce)
     if divide:
         np.divide(flat[lo:hi], n, out=flat[lo:hi])
-    others = [_others(world, q) for q in range(n)]
-    await stream.run(
-        (q, others[q], (b - a) * flat.itemsize, flat[a:b])
-        for pieces in _rounds(bounds, _step(flat))
-        for q, (a, b) in enumerate(pieces)
-        if b > a
-    )
+    await stream.run(_to_all(world, bounds, flat))
     await _end(stream)
 
 
@@ -427,17 +421,5 @@ async def pipe_reduce(
     await stream.run(_reductions(world, flat, bounds, mine), reduce)
     if divide:
         np.divide(mine, n, out=mine)
-    step = _step(flat)
-
-    def piece(q: int, a: int, b: int) -> np.ndarray | None:
-        if r == root:
-            return flat[a:b]
-        return mine[a - lo : b - lo] if r == q else None
-
-    await stream.run(
-        (q, (root,), (b - a) * flat.itemsize, piece(q, a, b))
-        for pieces in _rounds(bounds, step)
-        for q, (a, b) in enumerate(pieces)
-        if b > a and q != root
-    )
+    await stream.run(_rooted(world, root, bounds, flat, mine, to_root=True))
     await _end(stream)
