@@ -92,6 +92,23 @@ def test_bench_times_and_checks_every_collective(
     assert all(row["errors"] == 0 for row in rows)
 
 
+def test_imbalance_script_runs() -> None:
+    """bench/imbalance.py, briefly: it runs and its results are right."""
+    script = Path(__file__).resolve().parents[1] / "bench" / "imbalance.py"
+    result = subprocess.run(
+        [
+            *(sys.executable, "-m", "trioring", "run", "-n", "3"),
+            *(str(script), "--calls", "12", "--rounds", "1", "--work-ms", "0.2"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "turns:" in result.stdout, result.stdout
+
+
 def test_percall_script_runs() -> None:
     """bench/percall.py reaches into the communicator's internals to time its layers apart:
     a short run keeps it in step with them (and checks its results)."""

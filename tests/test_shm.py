@@ -79,6 +79,54 @@ def test_waits_that_park_still_complete(worlds: Worlds) -> None:
         assert report["errors"] == [], report["errors"]
 
 
+def test_a_store_wakes_a_parked_wait(worlds: Worlds) -> None:
+    """A wait that has gone to sleep in the event loop ends on the peer's store, not on a
+    timer: the worker sets the timer beyond the test's deadline."""
+    world = worlds.start(SCRIPT, "woken", world_size=3, mode="unix-dir")
+    for report in world.finish():
+        assert "shm" in report["features"]
+        assert report["errors"] == [], report["errors"]
+
+
+def test_wake_parked_writes_each_park_once() -> None:
+    """Two ranks' views of one segment in this process: a store wakes a parked peer once per
+    park, through its eventfd, and a peer that is not parked costs no system call."""
+    fd = _shm.create_segment(2)
+    wakers = _shm.create_wakers(2)
+    try:
+        ranks = [
+            _shm.SharedSlots(fd, r, 2, {}, wakers=[os.dup(w) for w in wakers], oversubscribed=False)
+            for r in (0, 1)
+        ]
+    finally:
+        os.close(fd)
+        for waker in wakers:
+            os.close(waker)
+    zero, one = ranks
+
+    def count(slots: _shm.SharedSlots) -> int:
+        try:
+            return os.eventfd_read(slots.waker)
+        except BlockingIOError:
+            return 0
+
+    zero.wake_parked()
+    assert count(one) == 0
+    one.park()
+    zero.wake_parked()
+    zero.wake_parked()  # the same park: no second write
+    assert count(one) == 1
+    one.unpark()
+    zero.wake_parked()
+    assert count(one) == 0
+    one.park()
+    zero.wake_parked()
+    one.unpark()  # empties the eventfd
+    assert count(one) == 0
+    for slots in ranks:
+        slots.close()
+
+
 def test_other_tasks_run_while_a_rank_waits_on_the_segment(worlds: Worlds) -> None:
     world = worlds.start(SCRIPT, "busy", world_size=2, mode="unix-dir")
     reports = world.finish()
@@ -137,13 +185,25 @@ def test_a_segment_must_be_a_memfd(tmp_path: Path) -> None:
     file that our writes would then land in."""
     with (tmp_path / "file").open("wb+") as file:
         file.truncate(_shm.segment_bytes(2))
-        with pytest.raises(OSError, match="Invalid argument") as info:
-            _shm.SharedSlots(file.fileno(), 0, 2, {}, oversubscribed=False)
-        assert info.value.errno == errno.EINVAL
-    fd = _shm.create_segment(2)
-    try:
-        slots = _shm.SharedSlots(fd, 0, 2, {}, oversubscribed=False)
-    finally:
-        os.close(fd)
+        wakers = _shm.create_wakers(2)
+        try:
+            with pytest.raises(OSError, match="Invalid argument") as info:
+                _shm.SharedSlots(file.fileno(), 0, 2, {}, wakers=wakers, oversubscribed=False)
+            assert info.value.errno == errno.EINVAL
+            # Nor is a file taken for a peer's eventfd, which this rank writes into.
+            fd = _shm.create_segment(2)
+            try:
+                with pytest.raises(OSError, match="not an eventfd"):
+                    _shm.SharedSlots(
+                        fd, 0, 2, {}, wakers=[wakers[0], file.fileno()], oversubscribed=False
+                    )
+                slots = _shm.SharedSlots(fd, 0, 2, {}, wakers=wakers, oversubscribed=False)
+            finally:
+                os.close(fd)
+        except BaseException:
+            for waker in wakers:
+                os.close(waker)
+            raise
     assert slots.seqs[slots.own_word] == 0
     slots.close()
+    assert slots.wakers == []  # closed with the slots

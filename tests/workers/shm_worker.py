@@ -16,6 +16,10 @@
   rank 0's barrier must still complete, and its allreduce raise.
 - ``closed``: rank 0 waits in a barrier (rank 1 never comes) while another task closes the
   communicator.
+- ``woken``: with the parked waits' timer set beyond the test's deadline, rank 1 enters each
+  call (a barrier, a 4-byte allreduce, broadcasts through the pipe from rank 1 and from
+  rank 0) only once every other rank's wait has parked: only stores into the segment,
+  through the eventfds, can end those waits. Results are checked.
 """
 
 from __future__ import annotations
@@ -196,6 +200,45 @@ async def scenario_gave_up_later(
     await reporter.step("next", next_call, hang_after=HANG_S)
 
 
+async def scenario_woken(reporter: Reporter, comm: trioring.Communicator, args: list[str]) -> None:
+    from trioring._onehost import _shm, _shm_collectives
+
+    _shm_collectives._SHM_PARK_SECONDS = 10 * HANG_S  # only a wake-up ends a parked wait
+    slots = comm._world.shm
+    assert slots is not None
+    others = [word for q, word in enumerate(slots.parked_words) if q != 1]
+    big = np.zeros((_shm.PIPE_CHUNKS + 1) * _shm.PIPE_CHUNK_BYTES // 4 + 5, np.float32)
+    errors = []
+
+    async def late() -> None:
+        # Lateness by looking, not by sleeping: every other rank's wait has parked.
+        # (The state is another process's, in shared memory: no Event can say so.)
+        while comm.rank == 1:
+            if all(slots.seqs[word] for word in others):
+                break
+            await trio.sleep(_worker_util.POLL_S)
+
+    with trio.fail_after(HANG_S):
+        for i in range(2):
+            await late()
+            await comm.barrier()
+            await late()
+            array = np.full(1, comm.rank + i, dtype=np.int64)
+            await comm.allreduce(array)
+            if array[0] != sum(q + i for q in range(comm.world_size)):
+                errors.append(f"allreduce {i}: {array}")
+            # From rank 1, the others wait for its publication. From rank 0, through more
+            # chunks than the ring holds: rank 0 waits for rank 1's reads of the first
+            # (consumed words), rank 2 for rank 0's fifth (produced words).
+            for root in (1, 0):
+                big[...] = comm.rank + i if comm.rank == root else -1
+                await late()
+                await comm.broadcast(big, root=root)
+                if not (big == root + i).all():
+                    errors.append(f"broadcast from {root}, {i}: {np.unique(big)}")
+    reporter.report.update(errors=errors, features=sorted(comm.features))
+
+
 async def scenario_closed(reporter: Reporter, comm: trioring.Communicator, args: list[str]) -> None:
     if comm.rank != 0:
         with trio.fail_after(HANG_S):
@@ -234,5 +277,6 @@ if __name__ == "__main__":
             "mismatch": scenario_mismatch,
             "gave_up_later": scenario_gave_up_later,
             "closed": scenario_closed,
+            "woken": scenario_woken,
         }
     )

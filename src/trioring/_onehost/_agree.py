@@ -100,37 +100,43 @@ async def agree_on_shm(
     """Decide, identically on every rank, whether small collectives go through a shared
     segment (see .shm): rank 0 creates it and hands it to every peer over its Unix
     connection; every rank maps it and says whether that worked; it is used only if it
-    worked everywhere (``setup #0``, offsets 2 and 3). Off without polling
-    (TRIORING_SPIN_US=0, or a peer that can run only on this rank's one CPU): a parked wait
-    on the segment wakes only on a timer."""
+    worked everywhere (``setup #0``, offsets 2 and 3). With the segment go an eventfd per
+    rank, through which peers wake its parked waits. Off without polling
+    (TRIORING_SPIN_US=0, or a peer that can run only on this rank's one CPU), where every
+    wait would park."""
     spec = OpSpec(Kind.SETUP, 0)
     offer = config.shm and config.spin_seconds > 0 and _shm.unavailable_reason() is None
-    fd = -1
+    # The segment, then every rank's eventfd (see SharedSlots.wake_parked).
+    fds: list[int] = []
     slots = None
     try:
         if config.rank == 0:
             if offer:
                 try:
-                    fd = _shm.create_segment(config.world_size)
+                    fds.append(_shm.create_segment(config.world_size))
+                    fds.extend(_shm.create_wakers(config.world_size))
                 except OSError:
                     offer = False
             for link in links.values():
-                await _send_segment(link, spec, fd if offer else -1)
+                await _send_segment(link, spec, fds if offer else [])
         else:
-            fd = await _receive_segment(links[0], spec)
-        if offer and fd >= 0:
+            fds = await _receive_segment(links[0], spec, 1 + config.world_size)
+        if offer and fds:
             try:
                 slots = _shm.SharedSlots(
-                    fd,
+                    fds[0],
                     config.rank,
                     config.world_size,
                     {peer: link.connection.socket.fileno() for peer, link in links.items()},  # type: ignore[attr-defined]
+                    wakers=fds[1:],
                     oversubscribed=cpus.oversubscribed(config.world_size),
                 )
             except (OSError, ValueError):
                 slots = None
+            else:
+                del fds[1:]  # the wakers are the slots' now
     finally:
-        if fd >= 0:
+        for fd in fds:
             os.close(fd)
     try:
         verdict = memoryview(struct.pack("<Q", slots is not None))
@@ -151,15 +157,16 @@ async def agree_on_shm(
     return slots
 
 
-_SEGMENT = struct.Struct("<Q")  # 1 when the frame carries the segment's descriptor
+#: How many descriptors the frame carries: the segment's and every rank's eventfd, or none.
+_SEGMENT = struct.Struct("<Q")
 
 
-async def _send_segment(link: Link, spec: OpSpec, fd: int) -> None:
+async def _send_segment(link: Link, spec: OpSpec, fds: list[int]) -> None:
     frame = bytearray(HEADER.size + _SEGMENT.size)
     pack_data_header(frame, spec, 2, _SEGMENT.size)
-    _SEGMENT.pack_into(frame, HEADER.size, fd >= 0)
+    _SEGMENT.pack_into(frame, HEADER.size, len(fds))
     sock = link.connection.socket  # type: ignore[attr-defined]
-    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))] if fd >= 0 else []
+    ancillary = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))] if fds else []
     try:
         sent = await sock.sendmsg([frame], ancillary)
         if sent < len(frame):
@@ -168,8 +175,8 @@ async def _send_segment(link: Link, spec: OpSpec, fd: int) -> None:
         raise link.peer_failed(spec, f"connection to peer rank {link.peer} broke: {exc}") from exc
 
 
-async def _receive_segment(link: Link, spec: OpSpec) -> int:
-    """The descriptor rank 0 sent over ``link`` (-1 when it offered none)."""
+async def _receive_segment(link: Link, spec: OpSpec, count: int) -> list[int]:
+    """The ``count`` descriptors rank 0 sent over ``link`` (none when it offered none)."""
     size = HEADER.size + _SEGMENT.size
     # The frame is read straight off the socket, so nothing of it may sit in the link's
     # buffers (nothing watches the links during set-up; see _create_communicator).
@@ -178,7 +185,7 @@ async def _receive_segment(link: Link, spec: OpSpec) -> int:
     fds: list[int] = []
     try:
         try:
-            data, ancillary, flags, _ = await sock.recvmsg(size, socket.CMSG_SPACE(4))
+            data, ancillary, flags, _ = await sock.recvmsg(size, socket.CMSG_SPACE(4 * count))
             for level, kind, payload in ancillary:
                 if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
                     usable = len(payload) - len(payload) % 4
@@ -201,9 +208,10 @@ async def _receive_segment(link: Link, spec: OpSpec) -> int:
         if received[: HEADER.size] != expected:
             raise link.protocol_error(spec, "expected the shared segment's frame during setup")
         (offered,) = _SEGMENT.unpack_from(received, HEADER.size)
-        if offered and len(fds) == 1 and not flags & socket.MSG_CTRUNC:
-            return fds.pop()
-        return -1
+        if offered == count == len(fds) and not flags & socket.MSG_CTRUNC:
+            fds, mine = [], fds
+            return mine
+        return []
     finally:
-        for fd in fds:  # all of them, except the one returned
+        for fd in fds:  # all of them, unless returned
             os.close(fd)

@@ -139,6 +139,7 @@ class _Stream:
                     ring[k % PIPE_CHUNKS, : piece.nbytes].view(piece.dtype)[...] = piece
                     # After the chunk: a reader that sees the word sees the chunk (see _shm).
                     seqs[own + PRODUCED] = base + k + 1
+                    slots.wake_parked()
                     written += 1
                     await self.breathe()
                     continue
@@ -154,6 +155,7 @@ class _Stream:
                             reduce(into, chunk, out=into)
                     # After the read: the chunk's next writer overwrites it only then.
                     seqs[own + CONSUMED] = base + j + 1
+                    slots.wake_parked()
                     read += 1
                     await self.breathe()
                     continue

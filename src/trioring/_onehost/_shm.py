@@ -12,6 +12,7 @@ connection (``SCM_RIGHTS``) when the communicator opens. Layout, for ``n`` ranks
 
     n sequence words, one per 64-byte line          (rank r publishes seq in line r;
                                                      its done and finished words follow)
+    n parked words, one per line                    (see SharedSlots.wake_parked)
     2 x n slots of SLOT_BYTES (parity of seq, rank)  (48-byte frame header, then payload)
     PIPE_CHUNKS chunks of PIPE_CHUNK_BYTES           (the pipe: large calls, see _pipe)
 
@@ -39,12 +40,14 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import fcntl
 import mmap
 import os
 import platform
 import select
 import socket
+import stat
 import sys
 import weakref
 from typing import final
@@ -65,6 +68,7 @@ __all__ = [
     "SLOT_BYTES",
     "SharedSlots",
     "create_segment",
+    "create_wakers",
     "segment_bytes",
     "unavailable_reason",
 ]
@@ -103,7 +107,7 @@ _PAYLOAD_AT = LINE
 
 
 def segment_bytes(world_size: int) -> int:
-    return world_size * LINE + 2 * world_size * SLOT_BYTES + PIPE_CHUNKS * PIPE_CHUNK_BYTES
+    return 2 * world_size * LINE + 2 * world_size * SLOT_BYTES + PIPE_CHUNKS * PIPE_CHUNK_BYTES
 
 
 def _unavailable() -> str | None:
@@ -115,8 +119,10 @@ def _unavailable() -> str | None:
             f"needs an x86-64 CPU, whose stores become visible in program order; this is "
             f"{machine or 'unknown'}, where Python cannot order shared-memory accesses"
         )
-    if not hasattr(os, "memfd_create") or not hasattr(socket, "send_fds"):
-        return "this Python has no os.memfd_create or socket.send_fds"
+    if not all(hasattr(os, name) for name in ("memfd_create", "eventfd")) or not hasattr(
+        socket, "send_fds"
+    ):
+        return "this Python has no os.memfd_create, os.eventfd or socket.send_fds"
     return None
 
 
@@ -144,8 +150,17 @@ class SharedSlots:
         world_size: int,
         link_fds: dict[int, int],
         *,
+        wakers: list[int],
         oversubscribed: bool,
     ) -> None:
+        """Map the segment ``fd``; ``wakers`` are every rank's eventfd, by rank, which the
+        new object owns (it closes them; if this raises, they stay the caller's)."""
+        if len(wakers) != world_size:
+            raise ValueError(f"expected {world_size} eventfds, got {len(wakers)}")
+        # An eventfd is an anonymous inode, of no file type: what this rank writes into a
+        # peer's (8-byte counts) can never land in a file.
+        if any(stat.S_IFMT(os.fstat(waker).st_mode) for waker in wakers):
+            raise OSError(errno.EINVAL, "a shared segment's waker is not an eventfd")
         size = segment_bytes(world_size)
         # Only a memfd has seals: anything else a peer might send is refused.
         fcntl.fcntl(fd, fcntl.F_GET_SEALS)
@@ -171,6 +186,18 @@ class SharedSlots:
         #: The *ready* words (see READY).
         self.own_ready = self.own_word + READY
         self.peer_ready = [word + READY for word in self.peer_words]
+        #: The *parked* words, by rank: nonzero (a ticket, new for every park) while the
+        #: rank's wait sleeps in the event loop, so that a peer's store wakes it (see
+        #: :meth:`wake_parked`). Each on a line of its own, away from the sequence words:
+        #: a store's look at them then stays in this core's cache, where one at the line the
+        #: peer had just written cost 2-5 us a call (percall.py at world 2).
+        self.parked_words = [(world_size + q) * LINE // 8 for q in range(world_size)]
+        self.own_parked = self.parked_words[rank]
+        self.peer_parked = [self.parked_words[q] for q in self.peers]
+        #: The last ticket of each peer's that this rank woke: one wake-up per park.
+        self._woken = dict.fromkeys(self.peer_parked, 0)
+        self._waker_of = {self.parked_words[q]: wakers[q] for q in self.peers}
+        self._ticket = 0
         #: Whether this rank shares its CPUs with more ranks than there are CPUs among
         #: them (see _cpus.Cpus.oversubscribed). Then a wait yields the CPU before anything else, since
         #: the peer it waits for may be waiting for this core: at world 4 on 2 cores a
@@ -180,8 +207,9 @@ class SharedSlots:
         self.oversubscribed = oversubscribed
         #: The last collective this rank published in each slot parity (0: none yet).
         self.last_used = [0, 0]
-        slots_end = world_size * LINE + 2 * world_size * SLOT_BYTES
-        slots = buffer[world_size * LINE : slots_end].reshape(2, world_size, SLOT_BYTES)
+        slots_at = 2 * world_size * LINE
+        slots_end = slots_at + 2 * world_size * SLOT_BYTES
+        slots = buffer[slots_at:slots_end].reshape(2, world_size, SLOT_BYTES)
         #: The pipe's ring, chunk by chunk.
         self.pipe = buffer[slots_end:].reshape(PIPE_CHUNKS, PIPE_CHUNK_BYTES)
         self.headers = [[slots[p, q, :48].data for q in range(world_size)] for p in (0, 1)]
@@ -192,6 +220,45 @@ class SharedSlots:
         for peer, link_fd in link_fds.items():
             self.events.register(link_fd, select.EPOLLIN | select.EPOLLRDHUP)
             self.link_of_fd[link_fd] = peer
+        #: This rank's eventfd, in the same epoll set: a parked wait wakes on a peer's
+        #: progress as it does on an abort frame.
+        self.waker = wakers[rank]
+        self.events.register(self.waker, select.EPOLLIN)
+        self.wakers = wakers
+
+    def wake_parked(self) -> None:
+        """Wake every peer whose wait on the segment sleeps in its event loop: call after
+        every store into this rank's words. A peer that polls, as most do, costs a load.
+
+        Without this, a sleeping wait wakes only on its event loop's timer, a millisecond
+        after it parked however soon the word it waits for is written: a rank that comes
+        to a call earlier than its poll lasts (a millisecond) would finish it up to a
+        millisecond late."""
+        seqs = self.seqs
+        for word in self.peer_parked:
+            if seqs[word]:
+                self._wake(word)
+
+    def _wake(self, word: int) -> None:
+        ticket = self.seqs[word]
+        if ticket != self._woken[word]:
+            self._woken[word] = ticket
+            with contextlib.suppress(BlockingIOError):  # its counter is full: it is awake
+                os.eventfd_write(self._waker_of[word], 1)
+
+    def park(self) -> None:
+        """Say that this rank's wait is about to sleep in the event loop: from now on a
+        peer that writes one of its words wakes it. The caller then looks once more at
+        what it waits for before it sleeps (a word written before the peer saw this one
+        woke no one)."""
+        self._ticket += 1
+        self.seqs[self.own_parked] = self._ticket
+
+    def unpark(self) -> None:
+        """Say that this rank's wait no longer sleeps, and empty its eventfd."""
+        self.seqs[self.own_parked] = 0
+        with contextlib.suppress(BlockingIOError):  # nobody woke it: the timer did
+            os.eventfd_read(self.waker)
 
     def rows(self, parity: int, dtype: np.dtype, count: int) -> np.ndarray:
         """Every rank's payload in slot ``parity`` as an ``(n, count)`` array of ``dtype``.
@@ -220,12 +287,16 @@ class SharedSlots:
             seqs[self.own_finished] = seqs[self.own_done]
             seqs[self.own_done] = BROKEN
             seqs[self.own_word] = BROKEN
+            self.wake_parked()
 
     def close(self) -> None:
         """Stop using the segment. A wait parked on the connections' epoll set sees the set
         closed. The mapping goes with the last view of it: at once, unless the frame of a
         collective interrupted in another task (or an exception's traceback) still holds
         one."""
+        wakers, self.wakers = self.wakers, []
+        for fd in wakers:
+            os.close(fd)
         if self.closed:
             return
         self.closed = True
@@ -268,6 +339,20 @@ def _map_shared(fd: int, size: int) -> np.ndarray[tuple[int], np.dtype[np.uint8]
         memoryview(memory).cast("B"), dtype=np.uint8
     )
     return array
+
+
+def create_wakers(world_size: int) -> list[int]:
+    """One eventfd per rank (non-blocking, so that emptying one that nobody wrote returns
+    at once), through which peers wake its parked waits."""
+    wakers: list[int] = []
+    try:
+        for _ in range(world_size):
+            wakers.append(os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC))
+    except BaseException:
+        for fd in wakers:
+            os.close(fd)
+        raise
+    return wakers
 
 
 def create_segment(world_size: int) -> int:

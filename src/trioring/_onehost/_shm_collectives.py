@@ -49,9 +49,13 @@ __all__ = [
 # its abort frame there, and one that dies closes them.
 
 #: A wait on the segment polls (yielding the CPU between looks) at least this long before it
-#: parks: parked, it only wakes on the event loop's timer, whose resolution is a millisecond.
+#: parks: parked, it sleeps in the event loop until a peer's store wakes it through this
+#: rank's eventfd (see SharedSlots.wake_parked), a system call on each side.
 SHM_SPIN_SECONDS = 0.001
-#: How long a parked wait sleeps before it looks at the segment again.
+#: How long a parked wait sleeps at most before it looks at the segment again. A store can
+#: miss the park: x86 lets each side's load of the other's word pass its own earlier store,
+#: so a peer may store its word and read no park while this rank parks and reads the old
+#: word. That race is rare, and this bounds what it costs.
 _SHM_PARK_SECONDS = 0.001
 
 
@@ -76,6 +80,7 @@ def shm_done(world: World, spec: OpSpec) -> None:
     slots = world.shm
     assert slots is not None
     slots.seqs[slots.own_done] = spec.seq
+    slots.wake_parked()
 
 
 def shm_publish(world: World, spec: OpSpec, nbytes: int) -> None:
@@ -86,6 +91,7 @@ def shm_publish(world: World, spec: OpSpec, nbytes: int) -> None:
     pack_data_header(slots.headers[spec.seq & 1][world.rank], spec, 0, nbytes)
     # Last: a peer that sees the sequence number also sees the slot (see _shm).
     slots.seqs[slots.own_word] = spec.seq
+    slots.wake_parked()
 
 
 async def shm_wait(world: World, spec: OpSpec) -> None:
@@ -119,6 +125,7 @@ async def shm_ready(world: World, spec: OpSpec) -> None:
     slots = world.shm
     assert slots is not None
     slots.seqs[slots.own_ready] = spec.seq
+    slots.wake_parked()
     await shm_reach(world, spec, slots.peer_ready)
 
 
@@ -133,6 +140,7 @@ async def shm_finish(world: World, spec: OpSpec) -> None:
     assert slots is not None
     seq, seqs = spec.seq, slots.seqs
     seqs[slots.own_done] = seq
+    slots.wake_parked()
     await shm_reach(world, spec, slots.peer_done)
     for peer, word in zip(slots.peers, slots.peer_words, strict=True):
         if seqs[word + 1] == BROKEN and seqs[word + FINISHED] < seq:
@@ -207,11 +215,18 @@ async def _shm_poll(world: World, spec: OpSpec, late: list[int], target: int = 0
         await _shm_check_links(world, spec, late, seq)
         waits.count += 1
         _shm_waiting(world, spec, late)
+        # Parked, a peer's store wakes this wait through the epoll set; a look after saying
+        # so catches a store made before the peer could see it.
+        slots.park()
         try:
-            with trio.move_on_after(_SHM_PARK_SECONDS):
-                await trio.lowlevel.wait_readable(slots.events.fileno())
+            if any(seqs[word] < seq for word in late):
+                with trio.move_on_after(_SHM_PARK_SECONDS):
+                    await trio.lowlevel.wait_readable(slots.events.fileno())
         except trio.ClosedResourceError:
             pass  # closed by another task: reported just below
+        finally:
+            if not slots.closed:
+                slots.unpark()
         world.shm_waiting = None
         _shm_check_open(world, spec)
         late = [word for word in late if seqs[word] < seq]
@@ -240,13 +255,14 @@ async def _shm_check_links(world: World, spec: OpSpec, late: list[int], target: 
     slots = world.shm
     assert slots is not None
     _shm_check_open(world, spec)
-    events = slots.events.poll(0)
+    link_of_fd = slots.link_of_fd
+    events = [event for event in slots.events.poll(0) if event[0] in link_of_fd]
     if not events:
         return
     seqs = slots.seqs
     if all(seqs[word] >= target for word in late):
         return  # everyone published meanwhile: what arrived belongs to the next call
-    link = world.links[slots.link_of_fd[events[0][0]]]
+    link = world.links[link_of_fd[events[0][0]]]
     # Reads the frame: an abort frame, end of stream or another call's frame raises the
     # error it means.
     await link.recv(spec, 0, memoryview(b""))
