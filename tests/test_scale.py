@@ -54,6 +54,7 @@ def _run_world(tmp_path: Path, n: int, transport: str, **env: str) -> list[dict[
 @pytest.mark.timeout(DEADLINE_S)
 @pytest.mark.parametrize("n", [64, 128])
 def test_large_world_over_unix_sockets(tmp_path: Path, n: int) -> None:
+    # 64: the most ranks whose segment comes with eventfds (WAKER_MAX_RANKS); 128: without.
     reports = _run_world(tmp_path, n, "unix")
     assert {"cma", "shm"} <= set(reports[0]["features"])  # type: ignore[arg-type]
 

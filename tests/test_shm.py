@@ -127,6 +127,23 @@ def test_wake_parked_writes_each_park_once() -> None:
         slots.close()
 
 
+def test_a_segment_without_wakers_parks_on_the_timer_alone() -> None:
+    """Above WAKER_MAX_RANKS the segment comes without eventfds: parking and waking are
+    then no-ops, and nothing is closed twice."""
+    fd = _shm.create_segment(2)
+    try:
+        zero = _shm.SharedSlots(fd, 0, 2, {}, wakers=[], oversubscribed=False)
+        one = _shm.SharedSlots(fd, 1, 2, {}, wakers=[], oversubscribed=False)
+    finally:
+        os.close(fd)
+    one.park()
+    zero.wake_parked()
+    one.unpark()
+    assert (zero.waker, zero.peer_parked) == (-1, [])
+    for slots in (zero, one):
+        slots.close()
+
+
 def test_other_tasks_run_while_a_rank_waits_on_the_segment(worlds: Worlds) -> None:
     world = worlds.start(SCRIPT, "busy", world_size=2, mode="unix-dir")
     reports = world.finish()

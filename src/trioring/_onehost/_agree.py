@@ -101,12 +101,13 @@ async def agree_on_shm(
     segment (see .shm): rank 0 creates it and hands it to every peer over its Unix
     connection; every rank maps it and says whether that worked; it is used only if it
     worked everywhere (``setup #0``, offsets 2 and 3). With the segment go an eventfd per
-    rank, through which peers wake its parked waits. Off without polling
+    rank (up to WAKER_MAX_RANKS), through which peers wake its parked waits. Off without polling
     (TRIORING_SPIN_US=0, or a peer that can run only on this rank's one CPU), where every
     wait would park."""
     spec = OpSpec(Kind.SETUP, 0)
     offer = config.shm and config.spin_seconds > 0 and _shm.unavailable_reason() is None
     # The segment, then every rank's eventfd (see SharedSlots.wake_parked).
+    wakers = config.world_size <= _shm.WAKER_MAX_RANKS
     fds: list[int] = []
     slots = None
     try:
@@ -114,13 +115,14 @@ async def agree_on_shm(
             if offer:
                 try:
                     fds.append(_shm.create_segment(config.world_size))
-                    fds.extend(_shm.create_wakers(config.world_size))
+                    if wakers:
+                        fds.extend(_shm.create_wakers(config.world_size))
                 except OSError:
                     offer = False
             for link in links.values():
                 await _send_segment(link, spec, fds if offer else [])
         else:
-            fds = await _receive_segment(links[0], spec, 1 + config.world_size)
+            fds = await _receive_segment(links[0], spec, 1 + wakers * config.world_size)
         if offer and fds:
             try:
                 slots = _shm.SharedSlots(

@@ -66,6 +66,7 @@ __all__ = [
     "READY",
     "SHM_MAX_BYTES",
     "SLOT_BYTES",
+    "WAKER_MAX_RANKS",
     "SharedSlots",
     "create_segment",
     "create_wakers",
@@ -103,6 +104,13 @@ CONSUMED = 5
 #: only by the calls that use it, so a communicator that never does costs no memory for it.
 PIPE_CHUNK_BYTES = 1024 * 1024
 PIPE_CHUNKS = 4
+#: Communicators of up to this many ranks give every rank an eventfd, through which peers
+#: wake its parked waits (see SharedSlots.wake_parked); larger ones park on the event
+#: loop's timer alone. The eventfds cost ``n`` descriptors per rank and communicator, as
+#: many as its connections: at 64 ranks, a world and four ``dup``s then hold about 700 of
+#: the usual soft limit of 1024, where without them a world of 128 and four ``dup``s hold
+#: 770 and with them would need 1400.
+WAKER_MAX_RANKS = 64
 _PAYLOAD_AT = LINE
 
 
@@ -153,9 +161,10 @@ class SharedSlots:
         wakers: list[int],
         oversubscribed: bool,
     ) -> None:
-        """Map the segment ``fd``; ``wakers`` are every rank's eventfd, by rank, which the
-        new object owns (it closes them; if this raises, they stay the caller's)."""
-        if len(wakers) != world_size:
+        """Map the segment ``fd``; ``wakers`` are every rank's eventfd, by rank (or none:
+        see WAKER_MAX_RANKS), which the new object owns (it closes them; if this raises,
+        they stay the caller's)."""
+        if wakers and len(wakers) != world_size:
             raise ValueError(f"expected {world_size} eventfds, got {len(wakers)}")
         # An eventfd is an anonymous inode, of no file type: what this rank writes into a
         # peer's (8-byte counts) can never land in a file.
@@ -193,10 +202,10 @@ class SharedSlots:
         #: peer had just written cost 2-5 us a call (percall.py at world 2).
         self.parked_words = [(world_size + q) * LINE // 8 for q in range(world_size)]
         self.own_parked = self.parked_words[rank]
-        self.peer_parked = [self.parked_words[q] for q in self.peers]
+        self.peer_parked = [self.parked_words[q] for q in self.peers] if wakers else []
         #: The last ticket of each peer's that this rank woke: one wake-up per park.
         self._woken = dict.fromkeys(self.peer_parked, 0)
-        self._waker_of = {self.parked_words[q]: wakers[q] for q in self.peers}
+        self._waker_of = {self.parked_words[q]: wakers[q] for q in self.peers} if wakers else {}
         self._ticket = 0
         #: Whether this rank shares its CPUs with more ranks than there are CPUs among
         #: them (see _cpus.Cpus.oversubscribed). Then a wait yields the CPU before anything else, since
@@ -222,8 +231,9 @@ class SharedSlots:
             self.link_of_fd[link_fd] = peer
         #: This rank's eventfd, in the same epoll set: a parked wait wakes on a peer's
         #: progress as it does on an abort frame.
-        self.waker = wakers[rank]
-        self.events.register(self.waker, select.EPOLLIN)
+        self.waker = wakers[rank] if wakers else -1
+        if wakers:
+            self.events.register(self.waker, select.EPOLLIN)
         self.wakers = wakers
 
     def wake_parked(self) -> None:
@@ -257,8 +267,9 @@ class SharedSlots:
     def unpark(self) -> None:
         """Say that this rank's wait no longer sleeps, and empty its eventfd."""
         self.seqs[self.own_parked] = 0
-        with contextlib.suppress(BlockingIOError):  # nobody woke it: the timer did
-            os.eventfd_read(self.waker)
+        if self.waker >= 0:
+            with contextlib.suppress(BlockingIOError):  # nobody woke it: the timer did
+                os.eventfd_read(self.waker)
 
     def rows(self, parity: int, dtype: np.dtype, count: int) -> np.ndarray:
         """Every rank's payload in slot ``parity`` as an ``(n, count)`` array of ``dtype``.
