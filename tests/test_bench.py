@@ -92,13 +92,14 @@ def test_bench_times_and_checks_every_collective(
     assert all(row["errors"] == 0 for row in rows)
 
 
-def test_imbalance_script_runs() -> None:
-    """bench/imbalance.py, briefly: it runs and its results are right."""
-    script = Path(__file__).resolve().parents[1] / "bench" / "imbalance.py"
+def _run_bench_script(name: str, ranks: int, *args: str) -> str:
+    """``bench/<name>`` under ``trioring run -n ranks --tag-output``; its output, once it
+    has exited 0."""
+    script = Path(__file__).resolve().parents[1] / "bench" / name
     result = subprocess.run(
         [
-            *(sys.executable, "-m", "trioring", "run", "-n", "3"),
-            *(str(script), "--calls", "12", "--rounds", "1", "--work-ms", "0.2"),
+            *(sys.executable, "-m", "trioring", "run", "-n", str(ranks), "--tag-output"),
+            *(str(script), *args),
         ],
         capture_output=True,
         text=True,
@@ -106,24 +107,21 @@ def test_imbalance_script_runs() -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "turns:" in result.stdout, result.stdout
+    return result.stdout
+
+
+def test_imbalance_script_runs() -> None:
+    """bench/imbalance.py, briefly: it runs and its results are right."""
+    stdout = _run_bench_script(
+        "imbalance.py", 3, "--calls", "12", "--rounds", "1", "--work-ms", "0.2"
+    )
+    assert "turns:" in stdout, stdout
 
 
 def test_percall_script_runs() -> None:
     """bench/percall.py reaches into the communicator's internals to time its layers apart:
     a short run keeps it in step with them (and checks its results)."""
-    script = Path(__file__).resolve().parents[1] / "bench" / "percall.py"
-    result = subprocess.run(
-        [
-            *(sys.executable, "-m", "trioring", "run", "-n", "2", "--tag-output"),
-            *(str(script), "--calls", "30"),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    stdout = _run_bench_script("percall.py", 2, "--calls", "30")
     for rank in (0, 1):
-        assert f"rank {rank}: ladder" in result.stdout, result.stdout
-        assert f"rank {rank}: phases" in result.stdout, result.stdout
+        assert f"rank {rank}: ladder" in stdout, stdout
+        assert f"rank {rank}: phases" in stdout, stdout

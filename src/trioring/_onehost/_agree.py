@@ -122,7 +122,7 @@ async def agree_on_shm(
             for link in links.values():
                 await _send_segment(link, spec, fds if offer else [])
         else:
-            fds = await _receive_segment(links[0], spec, 1 + wakers * config.world_size)
+            fds = await _receive_segment(links[0], spec, 1 + (config.world_size if wakers else 0))
         if offer and fds:
             try:
                 slots = _shm.SharedSlots(

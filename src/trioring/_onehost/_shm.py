@@ -244,17 +244,13 @@ class SharedSlots:
         after it parked however soon the word it waits for is written: a rank that comes
         to a call earlier than its poll lasts (a millisecond) would finish it up to a
         millisecond late."""
-        seqs = self.seqs
+        seqs, woken = self.seqs, self._woken
         for word in self.peer_parked:
-            if seqs[word]:
-                self._wake(word)
-
-    def _wake(self, word: int) -> None:
-        ticket = self.seqs[word]
-        if ticket != self._woken[word]:
-            self._woken[word] = ticket
-            with contextlib.suppress(BlockingIOError):  # its counter is full: it is awake
-                os.eventfd_write(self._waker_of[word], 1)
+            ticket = seqs[word]
+            if ticket and ticket != woken[word]:
+                woken[word] = ticket
+                with contextlib.suppress(BlockingIOError):  # its counter is full: it is awake
+                    os.eventfd_write(self._waker_of[word], 1)
 
     def park(self) -> None:
         """Say that this rank's wait is about to sleep in the event loop: from now on a
