@@ -15,12 +15,10 @@ import trio
 from ._concurrency import run_with_grace
 from ._errors import (
     CollectiveError,
-    CollectiveMismatchError,
-    CommunicatorClosedError,
     PeerFailedError,
-    ProtocolError,
     TrioringError,
 )
+from ._link_errors import LinkErrors
 from ._wire import (
     HEADER,
     MAGIC,
@@ -30,7 +28,6 @@ from ._wire import (
     FrameType,
     OpSpec,
     abort_error,
-    describe_remote,
     pack_data_header,
 )
 from .transports._socket import UNREACHABLE_ERRNOS, SocketConnection, advance
@@ -82,7 +79,7 @@ class WaitCount:
 
 
 @final
-class Link:
+class Link(LinkErrors):
     """The framed connection from this rank to one peer.
 
     At most one task sends and one task receives on a link at a time (the algorithms make
@@ -126,70 +123,7 @@ class Link:
         # Whole frames (and the start of one) that a watch read ahead of the next receive.
         self._ahead = bytearray()
 
-    # -- errors ------------------------------------------------------------------------
-
-    def _context(self, spec: OpSpec) -> str:
-        return f"rank {self.rank}: {spec.kind.label} #{spec.seq}"
-
-    def memory_failed(self, spec: OpSpec, error: OSError) -> PeerFailedError:
-        """The error for a failed cross-memory read from this link's peer."""
-        return self.peer_failed(
-            spec,
-            f"could not read the memory of peer rank {self.peer} ({error.strerror}; the peer "
-            "exited or left the collective)",
-        )
-
-    def protocol_error(self, spec: OpSpec, detail: str) -> ProtocolError:
-        """A :class:`ProtocolError` about what this link's peer sent."""
-        return ProtocolError(
-            f"{self._context(spec)}: from peer rank {self.peer}: {detail}",
-            rank=self.rank,
-            job_id=self.job_id,
-            peer=self.peer,
-            collective=spec.kind.label,
-            seq=spec.seq,
-        )
-
-    def _mismatch(
-        self, spec: OpSpec, kind: int, seq: int, dtype: int, count: int, op: int, root: int
-    ) -> CollectiveMismatchError | None:
-        """The error for a peer's call whose identity is not ``spec``'s; None if it is."""
-        if (kind, seq, dtype, count, op, root) == (
-            spec.kind,
-            spec.seq,
-            spec.dtype_code,
-            spec.count,
-            spec.op_code,
-            spec.root,
-        ):
-            return None
-        remote = describe_remote(kind, seq, dtype, count, op, root)
-        return CollectiveMismatchError(
-            f"rank {self.rank}: {spec.describe()}, rank {self.peer}: {remote}",
-            rank=self.rank,
-            job_id=self.job_id,
-            peer=self.peer,
-            collective=spec.kind.label,
-            seq=spec.seq,
-        )
-
-    def header_mismatch(self, spec: OpSpec, header: memoryview) -> CollectiveError:
-        """The error for this link's peer having published, in shared memory, a frame header
-        other than the one of ``spec`` (see _onehost._shm_collectives.shm_allreduce)."""
-        (magic, version, ftype, kind, op, dtype, root, seq, count, offset, nbytes) = (
-            HEADER.unpack_from(header)
-        )
-        if magic != MAGIC or version != VERSION or ftype != FrameType.DATA:
-            return self.protocol_error(spec, "published a corrupt frame header in shared memory")
-        mismatch = self._mismatch(spec, kind, seq, dtype, count, op, root)
-        if mismatch is not None:
-            return mismatch
-        return self.protocol_error(
-            spec, f"published {nbytes} bytes at element {offset} for the same collective"
-        )
-
-    def _failed(self, spec: OpSpec, detail: str) -> PeerFailedError:
-        return self.peer_failed(spec, f"connection to peer rank {self.peer} {detail}")
+    # -- errors (the rest are in LinkErrors) -------------------------------------------
 
     def _broken(self, spec: OpSpec, doing: str, exc: trio.BrokenResourceError) -> PeerFailedError:
         """The error for the connection broken while ``doing``. A timeout (the kernel's, or
@@ -207,27 +141,6 @@ class Link:
             f"peer rank {self.peer} became unreachable while {doing}: no answer from rank "
             f"{self.peer}'s host{silence}; it crashed or lost its network, or the network "
             "drops its packets",
-        )
-
-    def peer_failed(self, spec: OpSpec, what: str) -> PeerFailedError:
-        return PeerFailedError(
-            f"{self._context(spec)}: {what}",
-            rank=self.rank,
-            job_id=self.job_id,
-            peer=self.peer,
-            collective=spec.kind.label,
-            seq=spec.seq,
-        )
-
-    def closed_error(self, spec: OpSpec) -> CommunicatorClosedError:
-        """The error for a communicator closed by another task during ``spec``."""
-        return CommunicatorClosedError(
-            f"{self._context(spec)}: the communicator was closed by another task while this "
-            "collective was running",
-            rank=self.rank,
-            job_id=self.job_id,
-            collective=spec.kind.label,
-            seq=spec.seq,
         )
 
     # -- sending -----------------------------------------------------------------------
