@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
 import socket
@@ -15,6 +14,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
+
+import launched
 
 if TYPE_CHECKING:
     from collections.abc import Iterator, Mapping, Sequence
@@ -32,9 +33,6 @@ WORKERS_DIR = Path(__file__).parent / "workers"
 #: Bound on any single wait for worker processes or their marker files.
 WAIT_S = 30.0
 _POLL_S = 0.01
-
-# Variables a CI runner (or torchrun) may have set that would leak into the workers.
-_SCRUBBED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def free_tcp_port() -> int:
@@ -155,13 +153,7 @@ class Worlds:
 
     @staticmethod
     def base_env() -> dict[str, str]:
-        env = {
-            key: value
-            for key, value in os.environ.items()
-            if key not in _SCRUBBED and not key.startswith("TRIORING_")
-        }
-        env["PYTHONUNBUFFERED"] = "1"
-        return env
+        return launched.base_env()
 
     def spawn(self, script: str, args: Sequence[str], env: Mapping[str, str]) -> Worker:
         """Start ``tests/workers/<script> *args`` with exactly ``env``; ``args[1]`` and
@@ -282,22 +274,6 @@ def worlds(tmp_path: Path) -> Iterator[Worlds]:
 # =============================================================================================
 
 
-def _load_forkserver() -> Any:
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        "trioring_tests_forkserver", WORKERS_DIR / "forkserver.py"
-    )
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-forkserver = _load_forkserver()
-
-
 class ForkedProcess:
     """What :class:`Worker` and :class:`World` use of ``subprocess.Popen``, for a process
     of the fork server."""
@@ -355,11 +331,11 @@ class ForkedWorlds(Worlds):
 
 @pytest.fixture(scope="session")
 def fork_server() -> Iterator[Any]:
-    server = forkserver.ForkServer(env=Worlds.base_env())
+    """The session's fork server, shared with launched.run_reports."""
     try:
-        yield server
+        yield launched.fork_server()
     finally:
-        server.close()
+        launched.close_fork_server()
 
 
 @pytest.fixture

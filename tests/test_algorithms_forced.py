@@ -5,7 +5,7 @@ forcing knob (``Communicator._force_algorithm``, ``TRIORING_ALGORITHM``) replace
 choice, so that each algorithm runs here at world sizes 1 to 17, 24, 27 and 32, not only
 where the table would pick it. The socket algorithms run in one process over in-memory
 streams (``open_local_world``) with small chunks; the one-host ones (``shm``, ``cma``) need
-real processes on one host, and run under ``trioring run`` (tests/workers/forced_worker.py).
+real processes on one host (tests/workers/forced_worker.py, started by tests/launched.py).
 
 Inputs are integer-valued (from a seeded generator), so every order of operations gives the
 exact result and results can be checked against numpy; every rank's result must also be

@@ -1,6 +1,6 @@
 """The gated fast paths (cross-memory attach, bounded polling) and their fallbacks.
 
-Real ranks under ``trioring run`` run tests/workers/stress_worker.py, which overwrites arrays
+Real ranks (tests/launched.py) run tests/workers/stress_worker.py, which overwrites arrays
 the moment each collective returns (see its docstring), for worlds 2 to 4, with the fast
 paths on, off, and refused by a single rank (then every rank must fall back).
 """

@@ -1,4 +1,4 @@
-"""Point-to-point messages and sub-communicators in real processes (``trioring run``): issue
+"""Point-to-point messages and sub-communicators in real processes (tests/launched.py): issue
 16's code as a user writes it, over Unix sockets and TCP; a rank SIGKILLed during a large send
 and a pending receive; a killed rank breaks the world and every sub-communicator that contains
 it, on every survivor, and no other."""

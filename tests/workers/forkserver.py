@@ -16,7 +16,7 @@ reach a recycled pid. When its stdin closes (the client closed it, or the client
 kills and reaps every child left and exits.
 
 A child runs ``PATH`` as ``__main__`` (``runpy.run_path``, so the script's module-level code
-runs in the child, after its environment is set) with ``sys.argv = [PATH, *args]``, exactly
+runs in the child, after its environment is set) with ``sys.argv = [PATH, *args]`` and PATH's directory first on ``sys.path``, exactly
 ``env`` as its environment, stdin from ``/dev/null`` and stdout and stderr appended to ``log``;
 it dies with the server (``PR_SET_PDEATHSIG``), as the server dies with the client. Only
 third-party modules and trioring are imported in the server (they read no environment at
@@ -80,6 +80,8 @@ def _run_child(request: dict[str, Any], server_pid: int, keep_out: list[int]) ->
 
         script = request["script"]
         sys.argv = [script, *request["args"]]
+        # As `python PATH` would: the script's directory first, for its own helpers.
+        sys.path.insert(0, os.path.dirname(os.path.abspath(script)))
         try:
             runpy.run_path(script, run_name="__main__")
             code = 0
