@@ -4,6 +4,7 @@ opposite orders on different ranks), and what breaks what."""
 
 from __future__ import annotations
 
+import logging
 import random
 
 import numpy as np
@@ -275,3 +276,46 @@ async def test_a_peer_closing_a_child_ends_the_calls_that_wait_for_it() -> None:
     assert raised["send"].peer == 1
     assert raised["recv_any"].peer in (1, 2)
     assert "closed this communicator" in str(raised["recv"])
+
+
+async def test_a_cancelled_call_on_a_child_names_the_child_and_its_world_ranks(
+    autojump_clock: trio.testing.MockClock, caplog: pytest.LogCaptureFixture
+) -> None:
+    """World ranks 1 and 3 form a child (ranks 0 and 1 of it); world rank 3 never calls, so
+    world rank 1's allreduce there hits its deadline. The warning and the Cancelled's note
+    say which communicator, whose ranks they count, and the world ranks behind them: "rank
+    0" alone would point a reader at the wrong process."""
+    caplog.set_level(logging.WARNING, logger="trioring")
+    notes: list[str] = []
+    async with open_local_world(4) as comms:
+        told = trio.Event()
+
+        async def rank_code(comm: trioring.Communicator) -> None:
+            r = comm.rank
+            async with comm.split(color=r % 2) as group:
+                assert group is not None
+                if r == 1:
+                    try:
+                        with trio.fail_after(5):
+                            await group.allreduce(np.ones(4))
+                    except trio.TooSlowError as exc:
+                        # The Cancelled, or the group of the nursery it came through.
+                        notes.extend(getattr(exc.__context__, "__notes__", []))
+                    told.set()
+                elif r == 3:
+                    await told.wait()
+
+        with trio.fail_after(30):
+            await on_every_rank(comms, rank_code)
+    warnings = [
+        record.getMessage()
+        for record in caplog.records
+        if record.name == "trioring" and record.levelno == logging.WARNING
+    ]
+    assert len(warnings) == 1, warnings
+    warning = warnings[0]
+    assert warning == (
+        "rank 0: allreduce #1 cancelled after 5.0 s while waiting for rank 1; ranks above are "
+        "those of split #1 of world (color 1); as world ranks: 0->1, 1->3"
+    )
+    assert notes == [warning]

@@ -311,6 +311,9 @@ class CommunicatorCore:
                 message = f"rank {self._rank}: {what} cancelled{detail}"
                 if self._job_id:
                     message += f" [job {self._job_id}]"
+                if self._label:
+                    # Its ranks are not the world's: "rank 0" alone points at another process.
+                    message += f"; {self._ranks_note()}"
                 _logger.warning("%s", message)
                 exc.add_note(message)
             await self._break(exc, spec)
