@@ -26,7 +26,7 @@ from exact_inputs import UFUNCS, make, ops_for
 from launched import run_killed, run_reports
 from local_runs import force, on_every_rank
 from trioring._algorithms import tree_neighbours
-from trioring._collectives import _decision
+from trioring._collectives import _decision, _reduce
 from trioring._collectives._decision import CMA_MIN_COPY_BYTES
 from trioring.testing import open_local_world
 
@@ -927,3 +927,28 @@ async def test_cancelling_one_rank_reaches_every_rank(
     assert sorted(errors) == [1, 2, 3]
     for exc in errors.values():
         assert isinstance(exc, trioring.PeerAbortedError | trioring.PeerFailedError), repr(exc)
+
+
+@pytest.mark.parametrize("n", [2, 3])
+async def test_a_counts_mismatch_notes_each_ranks_counts(n: int) -> None:
+    """The frames carry only a CRC of reduce_scatterv's counts, so each rank's error has a
+    note with its own counts (and their CRC, as the message shows it)."""
+    errors: dict[int, BaseException] = {}
+    async with open_local_world(n) as comms:
+
+        async def one(comm: Communicator) -> None:
+            counts = UNEVEN[n] if comm.rank == 1 else EVEN[n]
+            try:
+                await comm.reduce_scatterv(np.zeros(6), counts=counts)
+            except trioring.CollectiveMismatchError as exc:
+                errors[comm.rank] = exc
+
+        with trio.fail_after(10):
+            await on_every_rank(comms, one)
+    assert sorted(errors) == list(range(n))
+    for rank, exc in errors.items():
+        counts = list(UNEVEN[n] if rank == 1 else EVEN[n])
+        code = f"#{_reduce.counts_code(counts):08x}"
+        assert getattr(exc, "__notes__", []) == [f"rank {rank}'s counts: {counts} ({code})"]
+        # The message gives the CRCs of both sides of the mismatch, this rank's among them.
+        assert f"counts {code}" in str(exc), str(exc)

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._collectives import _reduce
 from .._core import CommunicatorCore
+from .._errors import CollectiveMismatchError
 from .._wire import Kind
 
 if TYPE_CHECKING:
@@ -90,7 +91,8 @@ class ReduceMethods(CommunicatorCore):
         Every rank passes the same ``counts`` (``world_size`` non-negative ints, zeros
         allowed, summing to ``array.size``); ranks that pass different ones raise
         :class:`~trioring.CollectiveMismatchError` (every frame carries a 31-bit CRC-32 of
-        the counts). The result is a **new 1-D array** of ``counts[rank]`` elements, or
+        the counts, which the message shows; a note on each rank's error lists its own
+        counts). The result is a **new 1-D array** of ``counts[rank]`` elements, or
         ``out`` (checked as in :meth:`reduce_scatter`) when given. ``array`` is only read.
         Order of operations, ops and algorithms as in :meth:`reduce_scatter` (chosen by
         ``array.size``); the ring's scratch is two buffers of ``max(counts)`` elements and
@@ -101,12 +103,21 @@ class ReduceMethods(CommunicatorCore):
             CollectiveError: see :meth:`allreduce`.
         """
         kind = Kind.REDUCE_SCATTERV
-        return await self._execute(
-            kind,
-            lambda: _reduce.plan_reduce_scatter(
-                kind.label, self._world, self._forced.get(kind.label), array, op, out, counts
-            ),
-        )
+        try:
+            return await self._execute(
+                kind,
+                lambda: _reduce.plan_reduce_scatter(
+                    kind.label, self._world, self._forced.get(kind.label), array, op, out, counts
+                ),
+            )
+        except CollectiveMismatchError as exc:
+            # The frames carry only a CRC of the counts; each rank's own, side by side in
+            # the ranks' logs, say which differ. (Counts that were refused never got here.)
+            listed = [int(c) for c in counts]
+            exc.add_note(
+                f"rank {self._rank}'s counts: {listed} (#{_reduce.counts_code(listed):08x})"
+            )
+            raise
 
     async def reduce(
         self, array: np.ndarray[Any, Any], *, root: int = 0, op: ReduceOp | str = "sum"
