@@ -47,10 +47,10 @@ def base_env() -> dict[str, str]:
     return env
 
 
-def _load_forkserver() -> Any:
-    spec = importlib.util.spec_from_file_location(
-        "trioring_tests_forkserver", WORKERS_DIR / "forkserver.py"
-    )
+def load_module(name: str, path: Path) -> Any:
+    """Import the file ``path`` as a module called ``name`` (a worker, a docs hook: files
+    that are not on ``sys.path`` as a package)."""
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None
     assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -58,7 +58,7 @@ def _load_forkserver() -> Any:
     return module
 
 
-forkserver = _load_forkserver()
+forkserver = load_module("trioring_tests_forkserver", WORKERS_DIR / "forkserver.py")
 _server: Any = None
 
 

@@ -4,7 +4,6 @@ parts (diagrams, CLI help, environment variables) match the code, and the site b
 from __future__ import annotations
 
 import html as htmllib
-import importlib.util
 import os
 import re
 import shutil
@@ -15,6 +14,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import pytest
+
+from launched import load_module
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -46,11 +47,7 @@ def _run(*args: str, cwd: Path, timeout: float = 60) -> subprocess.CompletedProc
 
 
 def _hooks() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("docs_hooks", DOCS / "hooks.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module: ModuleType = load_module("docs_hooks", DOCS / "hooks.py")
     return module
 
 
@@ -551,11 +548,7 @@ def test_reference_pages_read_as_markdown(site: Path) -> None:
 
 def test_literal_blocks() -> None:
     """reStructuredText literal blocks, as Sphinx reads them, become Markdown."""
-    spec = importlib.util.spec_from_file_location("griffe_roles", DOCS / "griffe_roles.py")
-    assert spec is not None
-    assert spec.loader is not None
-    roles = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(roles)
+    roles = load_module("griffe_roles", DOCS / "griffe_roles.py")
     code = "\n\n    await comm.barrier()\n"
     fenced = "\n\n```python\nawait comm.barrier()\n```\n"
     assert roles.literal_blocks(f"Like this::{code}") == f"Like this:{fenced}"

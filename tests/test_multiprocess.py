@@ -9,7 +9,6 @@ against numpy, and checks that every rank ended with the very same bytes.
 
 from __future__ import annotations
 
-import importlib.util
 import socket
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -17,22 +16,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pytest
 
+from launched import load_module
+
 if TYPE_CHECKING:
     from conftest import Worlds
 
 WORKERS_DIR = Path(__file__).parent / "workers"
 
 
-def _load_matrix() -> Any:
-    spec = importlib.util.spec_from_file_location("matrix_worker", WORKERS_DIR / "matrix_worker.py")
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-matrix = _load_matrix()
+matrix = load_module("matrix_worker", WORKERS_DIR / "matrix_worker.py")
 
 _UFUNCS = {"sum": np.add, "mean": np.add, "min": np.minimum, "max": np.maximum, "prod": np.multiply}
 

@@ -4,14 +4,19 @@ module holds the framing and this one the wording users read."""
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 from ._errors import (
     CollectiveError,
     CollectiveMismatchError,
     CommunicatorClosedError,
     PeerFailedError,
     ProtocolError,
+    TrioringError,
 )
 from ._wire import HEADER, MAGIC, VERSION, FrameType, OpSpec, describe_remote
+
+_E = TypeVar("_E", bound=TrioringError)
 
 
 class LinkErrors:
@@ -20,6 +25,18 @@ class LinkErrors:
     rank: int
     peer: int
     job_id: str | None
+
+    def _error(self, cls: type[_E], spec: OpSpec, message: str, *, with_peer: bool = True) -> _E:
+        """``cls(message)`` naming this rank, the peer (unless ``with_peer`` is false), the
+        job and ``spec``'s collective and sequence number."""
+        return cls(
+            message,
+            rank=self.rank,
+            job_id=self.job_id,
+            peer=self.peer if with_peer else None,
+            collective=spec.kind.label,
+            seq=spec.seq,
+        )
 
     def _context(self, spec: OpSpec) -> str:
         return f"rank {self.rank}: {spec.kind.label} #{spec.seq}"
@@ -34,13 +51,8 @@ class LinkErrors:
 
     def protocol_error(self, spec: OpSpec, detail: str) -> ProtocolError:
         """A :class:`ProtocolError` about what this link's peer sent."""
-        return ProtocolError(
-            f"{self._context(spec)}: from peer rank {self.peer}: {detail}",
-            rank=self.rank,
-            job_id=self.job_id,
-            peer=self.peer,
-            collective=spec.kind.label,
-            seq=spec.seq,
+        return self._error(
+            ProtocolError, spec, f"{self._context(spec)}: from peer rank {self.peer}: {detail}"
         )
 
     def _mismatch(
@@ -57,13 +69,10 @@ class LinkErrors:
         ):
             return None
         remote = describe_remote(kind, seq, dtype, count, op, root)
-        return CollectiveMismatchError(
+        return self._error(
+            CollectiveMismatchError,
+            spec,
             f"rank {self.rank}: {spec.describe()}, rank {self.peer}: {remote}",
-            rank=self.rank,
-            job_id=self.job_id,
-            peer=self.peer,
-            collective=spec.kind.label,
-            seq=spec.seq,
         )
 
     def header_mismatch(self, spec: OpSpec, header: memoryview) -> CollectiveError:
@@ -85,22 +94,14 @@ class LinkErrors:
         return self.peer_failed(spec, f"connection to peer rank {self.peer} {detail}")
 
     def peer_failed(self, spec: OpSpec, what: str) -> PeerFailedError:
-        return PeerFailedError(
-            f"{self._context(spec)}: {what}",
-            rank=self.rank,
-            job_id=self.job_id,
-            peer=self.peer,
-            collective=spec.kind.label,
-            seq=spec.seq,
-        )
+        return self._error(PeerFailedError, spec, f"{self._context(spec)}: {what}")
 
     def closed_error(self, spec: OpSpec) -> CommunicatorClosedError:
         """The error for a communicator closed by another task during ``spec``."""
-        return CommunicatorClosedError(
+        return self._error(
+            CommunicatorClosedError,
+            spec,
             f"{self._context(spec)}: the communicator was closed by another task while this "
             "collective was running",
-            rank=self.rank,
-            job_id=self.job_id,
-            collective=spec.kind.label,
-            seq=spec.seq,
+            with_peer=False,
         )

@@ -138,8 +138,7 @@ class _Stream:
                 if not late:
                     ring[k % PIPE_CHUNKS, : piece.nbytes].view(piece.dtype)[...] = piece
                     # After the chunk: a reader that sees the word sees the chunk (see _shm).
-                    seqs[own + PRODUCED] = base + k + 1
-                    slots.wake_parked()
+                    slots.store(own + PRODUCED, base + k + 1)
                     written += 1
                     await self.breathe()
                     continue
@@ -154,8 +153,7 @@ class _Stream:
                         with ignore_fp_errors():
                             reduce(into, chunk, out=into)
                     # After the read: the chunk's next writer overwrites it only then.
-                    seqs[own + CONSUMED] = base + j + 1
-                    slots.wake_parked()
+                    slots.store(own + CONSUMED, base + j + 1)
                     read += 1
                     await self.breathe()
                     continue

@@ -236,9 +236,16 @@ class SharedSlots:
             self.events.register(self.waker, select.EPOLLIN)
         self.wakers = wakers
 
+    def store(self, word: int, value: int) -> None:
+        """Write ``value`` into this rank's ``word`` (sequence, done, ready, produced or
+        consumed: every store a peer may wait for), then wake the peers that sleep."""
+        self.seqs[word] = value
+        self.wake_parked()
+
     def wake_parked(self) -> None:
         """Wake every peer whose wait on the segment sleeps in its event loop: call after
-        every store into this rank's words. A peer that polls, as most do, costs a load.
+        every store into this rank's words (:meth:`store` does). A peer that polls, as most
+        do, costs a load.
 
         Without this, a sleeping wait wakes only on its event loop's timer, a millisecond
         after it parked however soon the word it waits for is written: a rank that comes
@@ -301,7 +308,10 @@ class SharedSlots:
         closed. The mapping goes with the last view of it: at once, unless the frame of a
         collective interrupted in another task (or an exception's traceback) still holds
         one."""
+        # Forget the descriptors before closing them: a number closed here may be reused by
+        # a file this process opens next, which no later store may write into.
         wakers, self.wakers = self.wakers, []
+        self.peer_parked, self._waker_of, self.waker = [], {}, -1
         for fd in wakers:
             os.close(fd)
         if self.closed:

@@ -79,8 +79,7 @@ def shm_done(world: World, spec: OpSpec) -> None:
     """Say that this rank has finished reading the slots of ``spec``'s call."""
     slots = world.shm
     assert slots is not None
-    slots.seqs[slots.own_done] = spec.seq
-    slots.wake_parked()
+    slots.store(slots.own_done, spec.seq)
 
 
 def shm_publish(world: World, spec: OpSpec, nbytes: int) -> None:
@@ -90,8 +89,7 @@ def shm_publish(world: World, spec: OpSpec, nbytes: int) -> None:
     assert slots is not None
     pack_data_header(slots.headers[spec.seq & 1][world.rank], spec, 0, nbytes)
     # Last: a peer that sees the sequence number also sees the slot (see _shm).
-    slots.seqs[slots.own_word] = spec.seq
-    slots.wake_parked()
+    slots.store(slots.own_word, spec.seq)
 
 
 async def shm_wait(world: World, spec: OpSpec) -> None:
@@ -124,8 +122,7 @@ async def shm_ready(world: World, spec: OpSpec) -> None:
     return once every peer has said so of its own (see READY)."""
     slots = world.shm
     assert slots is not None
-    slots.seqs[slots.own_ready] = spec.seq
-    slots.wake_parked()
+    slots.store(slots.own_ready, spec.seq)
     await shm_reach(world, spec, slots.peer_ready)
 
 
@@ -139,8 +136,7 @@ async def shm_finish(world: World, spec: OpSpec) -> None:
     slots = world.shm
     assert slots is not None
     seq, seqs = spec.seq, slots.seqs
-    seqs[slots.own_done] = seq
-    slots.wake_parked()
+    slots.store(slots.own_done, seq)
     await shm_reach(world, spec, slots.peer_done)
     for peer, word in zip(slots.peers, slots.peer_words, strict=True):
         if seqs[word + 1] == BROKEN and seqs[word + FINISHED] < seq:
