@@ -160,10 +160,13 @@ def test_decision(nbytes: int, world_size: int, expected: str) -> None:
     assert _decision.allgather(nbytes, world_size, (False, True)) == cma
     assert _decision.allgather(nbytes, world_size, (True, True)) == "shm"
     # With a segment that cannot take the blocks, its pipe: at any size without
-    # cross-memory attach, up to PIPE_MAX_ALLGATHER_BYTES with it.
+    # cross-memory attach; with it, from world 3 up to PIPE_MAX_ALLGATHER_BYTES, and
+    # cross-memory attach otherwise (at world 2 whatever the slots cannot take).
     assert _decision.allgather(nbytes, world_size, (False, False), segment=True) == "pipe"
-    pipe_or_cma = "pipe" if nbytes <= _decision.PIPE_MAX_ALLGATHER_BYTES else "cma"
+    small = world_size >= 3 and nbytes <= _decision.PIPE_MAX_ALLGATHER_BYTES
+    pipe_or_cma = "pipe" if small else "cma"
     assert _decision.allgather(nbytes, world_size, (False, True), segment=True) == pipe_or_cma
+    assert _decision.allgather(nbytes, 2, (False, True), segment=True) == "cma"
     big = _decision.PIPE_MAX_ALLGATHER_BYTES + 1
     assert _decision.allgather(big, world_size, (False, True), segment=True) == "cma"
     assert _decision.allgather(big, world_size, (False, False), segment=True) == "pipe"

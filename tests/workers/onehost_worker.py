@@ -56,8 +56,16 @@ async def one(
     xs = [make(seed, q, count, dtype) for q in range(n)]
     mine = xs[r].copy()
     if collective == "allgather":
-        got = await comm.allgather(mine)
         want: Any = np.stack(xs)
+        if seed % 2:
+            # In place: x is this rank's block of out=, which is what its peers read.
+            out = np.full((n, count), 7, dtype)
+            out[r] = mine
+            got = await comm.allgather(out[r], out=out)
+            # Overwriting the result overwrites the block the peers read.
+            mine = None if checker else got
+        else:
+            got = await comm.allgather(mine)
     elif collective == "allgatherv":
         shares = [make(seed, q, count + q, dtype)[: (count + q) * (q % 2)] for q in range(n)]
         mine = shares[r].copy()

@@ -137,6 +137,10 @@ def body(
     algorithm = _ALGORITHMS[name]
 
     async def run(spec: OpSpec) -> None:
+        if name == "cma":
+            # Its peers read flat itself; it places its own block while they do.
+            await _copies.cma_allgather(world, spec, gathered, bounds, flat)
+            return
         _place(flat, gathered, bounds, world.rank)
         await algorithm(world, spec, gathered, bounds)
 
@@ -189,13 +193,16 @@ def body_v(
         for peer_rows in all_rows:
             bounds.append(bounds[-1] + peer_rows * size)
         gathered = np.empty(bounds[n], dtype=flat.dtype) if out is None else out
-        _place(flat, gathered, bounds, r)
         segment = world.shm is not None
         onehost = _onehost(world, None)
         chosen = name or decide(gathered.nbytes, n, onehost, segment=segment)
-        if n > 1:
-            data = spec._replace(count=bounds[n])
-            await _ALGORITHMS[chosen](world, data, gathered, bounds)
+        data = spec._replace(count=bounds[n])
+        if chosen == "cma" and n > 1:
+            await _copies.cma_allgather(world, data, gathered, bounds, flat)
+        else:
+            _place(flat, gathered, bounds, r)
+            if n > 1:
+                await _ALGORITHMS[chosen](world, data, gathered, bounds)
         parts[:] = [
             gathered[bounds[i] : bounds[i + 1]].reshape(all_rows[i], *trailing) for i in range(n)
         ]

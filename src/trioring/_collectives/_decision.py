@@ -16,9 +16,9 @@ broadcast   otherwise                                               ``tree``
 barrier     "shm"                                                   ``shm``
 barrier     otherwise                                               ``dissemination``
 allgather   "shm" and each rank's block <= SHM_MAX_BYTES            ``shm``
-allgather   "shm", and total <= PIPE_MAX_ALLGATHER_BYTES or no      ``pipe``
-            "cma"
-allgather   "cma" and total nbytes > CMA_MIN_COPY_BYTES             ``cma``
+allgather   "shm", and n >= 3 and total <= PIPE_MAX_ALLGATHER_BYTES,  ``pipe``
+            or no "cma"
+allgather   "cma", and "shm" or total nbytes > CMA_MIN_COPY_BYTES   ``cma``
 allgather   n a power of 2, total <= SMALL_POW2_ALLGATHER_BYTES     ``recursive_doubling``
 allgather   total nbytes <= SMALL_ALLGATHER_BYTES                   ``bruck``
 allgather   otherwise                                               ``ring``
@@ -196,7 +196,19 @@ SMALL_POW2_ALLGATHER_BYTES = 64 * 1024 * 1024
 #   allgather  w2: 1 MiB 127 / 184, 4 MiB 301 / 339, 8 MiB 876 / 891, 16 MiB 2470 / 2162
 #              (an earlier run 6942 / 2690); w4: 300 KiB 318 / 433, 1 MiB 593 / 1111, 4 MiB
 #              1377 / 1561, 16 MiB 4987 / 4793: up to PIPE_MAX_ALLGATHER_BYTES, where the
-#              two copies of each byte begin to cost more than the kernel's one.
+#              two copies of each byte begin to cost more than the kernel's one. Those cma
+#              times read each peer's block from its result, where it had just copied it;
+#              it reads the peer's x now (see _copies.cma_allgather), and at world 2 that
+#              wins: timed each alone, 5-7 rounds, nine launches, pipe / cma, 1 MiB and
+#              4 MiB: in six launches 124-163 / 131-186 and 493-779 / 534-814, in the three
+#              that met a slow stretch of the machine (bench/modes.py) 410-436 / 143-168
+#              and 1100-1141 / 569-775. With x rewritten just before each call the same
+#              (1 MiB: 123-143 / 143-161 and, slow, 420 / 187): a slow stretch makes a
+#              copy dear when another core has just written its source, and the pipe
+#              writes every byte twice across cores (its ring's lines, last read by the
+#              peer, then read by it) where a read of x crosses once. So at world 2 cma
+#              takes every allgather the slots cannot; at world 4 the pipe still won (1 MiB
+#              702-923 / 755-887, 4 MiB 2635-3065 / 3040-3478, three launches).
 #   alltoall   w2: 300 KiB 89 / 98, 1 MiB 143 / 142, 4 MiB 478 / 423, 16 MiB 3028 / 2931;
 #              w3: 286 / 459, 292 / 830, 1143 / 1413 (300 KiB to 4 MiB); w4: 337 / 350,
 #              468 / 624, 1619 / 2197, 6525 / 6819: the pipe from world 3.
@@ -335,9 +347,9 @@ def allgather(
     shm, cma = onehost
     if shm:
         return "shm"
-    if segment and (not cma or total_nbytes <= PIPE_MAX_ALLGATHER_BYTES):
+    if segment and (not cma or (world_size >= 3 and total_nbytes <= PIPE_MAX_ALLGATHER_BYTES)):
         return "pipe"
-    if cma and total_nbytes > CMA_MIN_COPY_BYTES:
+    if cma and (segment or total_nbytes > CMA_MIN_COPY_BYTES):
         return "cma"
     if total_nbytes <= SMALL_POW2_ALLGATHER_BYTES and world_size & (world_size - 1) == 0:
         return "recursive_doubling"

@@ -45,11 +45,12 @@ class AllgatherMethods(CommunicatorCore):
         ``"cma"`` entries of :attr:`features`): blocks of up to ``SHM_MAX_BYTES`` go through
         the shared segment (every rank publishes its block and the call, then copies every
         peer's); larger ones stream through the segment's pipe (each rank copies its block
-        in, chunk by chunk, every other rank copies it out), up to
+        in, chunk by chunk, every other rank copies it out), from world 3 up to
         ``PIPE_MAX_ALLGATHER_BYTES`` gathered in all where cross-memory attach is agreed;
-        above that, or without a segment above ``CMA_MIN_COPY_BYTES``, every rank reads every
-        peer's block by cross-memory attach, each byte copied once straight from where it is
-        to where it goes; the caller may overwrite its arrays as soon as the call returns.
+        above that, at world 2, or without a segment above ``CMA_MIN_COPY_BYTES``, every
+        rank reads every peer's block by cross-memory attach out of the peer's ``x``, each
+        byte copied once straight from where it is to where it goes; the caller may
+        overwrite its arrays as soon as the call returns.
 
         Raises:
             InvalidArgumentError: bad ``x`` or ``out``, or a forced ``recursive_doubling``
