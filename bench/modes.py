@@ -25,9 +25,10 @@ mapping (the writer copies its array in, the reader copies it out: the way of tr
 pipe) or by ``process_vm_readv`` straight out of the writer's array (the way of
 cross-memory attach, and of Open MPI's shared-memory transport for large messages); each
 with the writer's array rewritten just before (``dirty``) or unchanged since the last
-round (``same``, as the benchmarks' inputs of the copying collectives are). In one run of
-12 blocks of each, 1 MiB: in fast stretches 71 / 118 / 57 / 105 us (mapping dirty, read
-dirty, mapping same, read same); in slow ones 490-700 / 390-790 / 450-670 / 84-111 us.
+round (``same``, as the benchmarks' inputs of the copying collectives are). Seven runs
+of 8-12 blocks, 1 MiB, block medians (us; mapping dirty, read dirty, mapping same, read
+same): in fast stretches 70-74 / 117-121 / 57-59 / 104-109, in middling ones 125-137 /
+164-187 / 108-124 / 84-111, in slow ones 487-707 / 386-786 / 454-666 / 89-111.
 A copy through a mapping makes the writer's core own every line of it just before the
 reader's core asks for them, which is what a slow stretch makes slow; a read of an
 unchanged array finds it in the reader's cache.

@@ -199,16 +199,18 @@ SMALL_POW2_ALLGATHER_BYTES = 64 * 1024 * 1024
 #              two copies of each byte begin to cost more than the kernel's one. Those cma
 #              times read each peer's block from its result, where it had just copied it;
 #              it reads the peer's x now (see _copies.cma_allgather), and at world 2 that
-#              wins: timed each alone, 5-7 rounds, nine launches, pipe / cma, 1 MiB and
-#              4 MiB: in six launches 124-163 / 131-186 and 493-779 / 534-814, in the three
-#              that met a slow stretch of the machine (bench/modes.py) 410-436 / 143-168
-#              and 1100-1141 / 569-775. With x rewritten just before each call the same
-#              (1 MiB: 123-143 / 143-161 and, slow, 420 / 187): a slow stretch makes a
-#              copy dear when another core has just written its source, and the pipe
-#              writes every byte twice across cores (its ring's lines, last read by the
-#              peer, then read by it) where a read of x crosses once. So at world 2 cma
-#              takes every allgather the slots cannot; at world 4 the pipe still won (1 MiB
-#              702-923 / 755-887, 4 MiB 2635-3065 / 3040-3478, three launches).
+#              wins: timed each alone (--each), 7 rounds, six launches, pipe / cma, 1 MiB
+#              and 4 MiB: in four launches 149-163 / 162-186 and 493-779 / 534-814, in the
+#              two that met a slow stretch of the machine (bench/modes.py) 410-436 /
+#              143-168 and 1100-1141 / 569-775. With x rewritten just before each call
+#              (four launches, 1 MiB): 123-143 / 143-161, and in slow stretches 231-420 /
+#              166-187. A slow stretch makes each line dear that crosses between the cores,
+#              and the pipe crosses twice (the writer takes each ring line back from the
+#              reader's cache, then the reader takes it again) where a read of x crosses
+#              once, or not at all if x is unchanged and in the reader's cache. So at world
+#              2 cma takes every allgather the slots cannot. At world 4 (three launches):
+#              512 KiB and 1 MiB even (1 MiB 702-923 / 755-887), 4 MiB 2635-3065 /
+#              3040-3478 and 8 MiB 5928-6212 / 6418-6778 to the pipe: it stays there.
 #   alltoall   w2: 300 KiB 89 / 98, 1 MiB 143 / 142, 4 MiB 478 / 423, 16 MiB 3028 / 2931;
 #              w3: 286 / 459, 292 / 830, 1143 / 1413 (300 KiB to 4 MiB); w4: 337 / 350,
 #              468 / 624, 1619 / 2197, 6525 / 6819: the pipe from world 3.

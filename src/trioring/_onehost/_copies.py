@@ -223,8 +223,9 @@ async def cma_allgather(
     matters on a machine whose cores do not share a cache: the copy's lines are dirty in
     this core's cache and cross to the reader one by one, while a source that has not
     changed since the last call may sit in the reader's cache already (forked processes,
-    1 MiB read, the reader's median per block: 100-110 us from an unchanged source in every
-    stretch of the machine, 120-690 us from one just written, bench/modes.py's stretches)."""
+    1 MiB, the reader's median per block of 100: 84-111 us from a source unchanged since
+    the last block in every stretch of the machine, 117-790 us from one just rewritten:
+    bench/modes.py --reads)."""
     peers = _peers_from(world)
     blocks = [gathered[bounds[q] : bounds[q + 1]] for q in range(world.size)]
     reads = {q: (blocks[q].nbytes, [(0, blocks[q])]) for q in peers}
