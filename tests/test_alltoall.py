@@ -27,6 +27,7 @@ from local_runs import force, on_every_rank
 from trioring import _algorithms
 from trioring._collectives import _decision
 from trioring._collectives._decision import SMALL_ALLTOALL_BLOCK_BYTES
+from trioring._onehost._shm import SHM_MAX_BYTES
 from trioring.testing import open_local_world
 
 if TYPE_CHECKING:
@@ -189,6 +190,9 @@ def test_decision(block_nbytes: int, world_size: int, expected: str) -> None:
     assert _decision.alltoall(big, world_size, (False, False), segment=True) == "pipe"
     with_cma = "pipe" if world_size >= 3 else "cma"
     assert _decision.alltoall(big, world_size, (False, True), segment=True) == with_cma
+    # At world 2 that holds from just beyond the slots, not from CMA_MIN_COPY_BYTES.
+    beyond = SHM_MAX_BYTES + 1
+    assert _decision.alltoall(beyond, 2, (False, True), segment=True) == "cma"
 
 
 async def test_communicator_follows_the_table(monkeypatch: pytest.MonkeyPatch) -> None:

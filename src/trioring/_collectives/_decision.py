@@ -27,7 +27,7 @@ allgatherv  as allgather (total nbytes, once the counts are known),  as allgathe
 alltoall    "shm" and (n-1)/n nbytes <= SHM_MAX_BYTES (own block    ``shm``
             stays out of the slot)
 alltoall    "shm", and n >= 3 or no "cma"                           ``pipe``
-alltoall    "cma" and nbytes > CMA_MIN_COPY_BYTES                   ``cma``
+alltoall    "cma", and "shm" or nbytes > CMA_MIN_COPY_BYTES         ``cma``
 alltoall    block nbytes <= SMALL_ALLTOALL_BLOCK_BYTES and n >= 4   ``bruck``
 alltoall    otherwise                                               ``pairwise``
 alltoallv   any sizes                                               ``pairwise``
@@ -213,7 +213,11 @@ SMALL_POW2_ALLGATHER_BYTES = 64 * 1024 * 1024
 #              3040-3478 and 8 MiB 5928-6212 / 6418-6778 to the pipe: it stays there.
 #   alltoall   w2: 300 KiB 89 / 98, 1 MiB 143 / 142, 4 MiB 478 / 423, 16 MiB 3028 / 2931;
 #              w3: 286 / 459, 292 / 830, 1143 / 1413 (300 KiB to 4 MiB); w4: 337 / 350,
-#              468 / 624, 1619 / 2197, 6525 / 6819: the pipe from world 3.
+#              468 / 624, 1619 / 2197, 6525 / 6819: the pipe from world 3. At world 2,
+#              what the slots cannot take went by the pairwise exchange up to
+#              CMA_MIN_COPY_BYTES, whatever the docs said: against cma (--each, three
+#              launches, 7 rounds; cma / pairwise) 600 KiB 137 / 185, 768 KiB 144-160 /
+#              178-205, 1 MiB 166-174 / 205-256, 2 MiB 274-303 / 390-491. cma takes them.
 #   gather     w2: 300 KiB 67 / 55, 1 MiB 77 / 106, 4 MiB 180 / 290, 16 MiB 1388 / 2382;
 #              w3: 130 / 115, 159 / 183, 301 / 372 (to 4 MiB); w4: 316 / 268, 633 / 330,
 #              1298 / 710, 3773 / 2781: the pipe up to world 3. At world 4 on 2 cores its
@@ -420,7 +424,7 @@ def alltoall(
         return "shm"
     if segment and (not cma or world_size >= 3):
         return "pipe"
-    if cma and block_nbytes * world_size > CMA_MIN_COPY_BYTES:
+    if cma and (segment or block_nbytes * world_size > CMA_MIN_COPY_BYTES):
         return "cma"
     if world_size >= 4 and block_nbytes <= SMALL_ALLTOALL_BLOCK_BYTES:
         return "bruck"
