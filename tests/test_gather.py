@@ -173,11 +173,13 @@ def test_every_algorithm_is_covered() -> None:
     assert _decision.gather(big, (True, True)) == "shm"
     assert _decision.gather(big, (False, False)) == "tree"
     # With a segment that cannot take the blocks, its pipe, unless cross-memory attach
-    # from world 4.
-    for n in (2, 3, 4):
+    # from world 4 above CMA_MIN_COPY_BYTES; never the tree.
+    for n in (2, 3, 4, 8):
         for cma in (False, True):
-            chosen = _decision.gather(big, (False, cma), segment=True, world_size=n)
-            assert chosen == ("cma" if cma and n >= 4 else "pipe"), (n, cma)
+            for total in (1, big - 1, big):
+                chosen = _decision.gather(total, (False, cma), segment=True, world_size=n)
+                wanted = "cma" if cma and n >= 4 and total == big else "pipe"
+                assert chosen == wanted, (n, cma, total)
     assert _decision.scatter(big, cma=True) == "cma"
     assert _decision.scatter(big - 1, cma=True) == "tree"
 

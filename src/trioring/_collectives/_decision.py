@@ -16,8 +16,8 @@ broadcast   otherwise                                               ``tree``
 barrier     "shm"                                                   ``shm``
 barrier     otherwise                                               ``dissemination``
 allgather   "shm" and each rank's block <= SHM_MAX_BYTES            ``shm``
-allgather   "shm", and n >= 3 and total <= PIPE_MAX_ALLGATHER_BYTES,  ``pipe``
-            or no "cma"
+allgather   "shm", and either n >= 3 and total <=                   ``pipe``
+            PIPE_MAX_ALLGATHER_BYTES, or no "cma"
 allgather   "cma", and "shm" or total nbytes > CMA_MIN_COPY_BYTES   ``cma``
 allgather   n a power of 2, total <= SMALL_POW2_ALLGATHER_BYTES     ``recursive_doubling``
 allgather   total nbytes <= SMALL_ALLGATHER_BYTES                   ``bruck``
@@ -32,7 +32,8 @@ alltoall    block nbytes <= SMALL_ALLTOALL_BLOCK_BYTES and n >= 4   ``bruck``
 alltoall    otherwise                                               ``pairwise``
 alltoallv   any sizes                                               ``pairwise``
 gather      "shm" and each rank's block <= SHM_MAX_BYTES            ``shm``
-gather      "shm", and n <= 3 or no "cma"                           ``pipe``
+gather      "shm", and n <= 3 or total <= CMA_MIN_COPY_BYTES or no  ``pipe``
+            "cma"
 gather      "cma" and total nbytes > CMA_MIN_COPY_BYTES             ``cma``
 gather      otherwise (an agreement round, then the binomial tree)  ``tree``
 gatherv     any sizes                                               ``tree``
@@ -222,6 +223,17 @@ SMALL_POW2_ALLGATHER_BYTES = 64 * 1024 * 1024
 #              w3: 130 / 115, 159 / 183, 301 / 372 (to 4 MiB); w4: 316 / 268, 633 / 330,
 #              1298 / 710, 3773 / 2781: the pipe up to world 3. At world 4 on 2 cores its
 #              three writers and the root share two cores; by cma the root reads alone.
+#              Measured again (--each, 5-7 rounds, µs, pipe / cma): at world 4, 4 MiB in
+#              five launches 519-1210 / 701-1250 (the pipe faster in four), 8 MiB 1347-1381
+#              / 2108-2109 (two), 16 MiB 3097 / 3336; at world 5 1.25 MiB 559 / 645, 4 MiB
+#              842 / 1129, 16 MiB 4140 / 3917; at world 8 4 MiB 1939 / 2006, 16 MiB 7430 /
+#              6451. But timed as bench/paired.py times them, beside Open MPI in the same
+#              ranks, the pipe's 4 MiB was no better (ratio to Open MPI 1.15-1.61 against
+#              1.50-1.81, three runs each) and its 8 MiB worse (1.26-1.64 / 1.12-1.23): from
+#              world 4, cma keeps what it had. Between the slots and CMA_MIN_COPY_BYTES,
+#              though, the tree took them, and there the pipe won (world 4, 2-3 launches,
+#              tree / cma / pipe: 1.125 MiB 504-619 / 270-414 / 263-357, 1.5 MiB 517 / 346 /
+#              342, 2 MiB 626-867 / 398-535 / 296-434): the pipe up to CMA_MIN_COPY_BYTES.
 #   scatter    w2: 300 KiB 143 / 106, 1 MiB 189 / 144, 4 MiB 280 / 264, 16 MiB 2275 / 1227;
 #              w4: 387 / 432, 420 / 436, 777 / 621, 3509 / 3282: cma, where the root's
 #              readers copy in parallel, each once; the pipe only without it.
@@ -473,7 +485,7 @@ def gather(
     shm, cma = onehost
     if shm:
         return "shm"
-    if segment and (not cma or world_size <= 3):
+    if segment and (not cma or world_size <= 3 or total_nbytes <= CMA_MIN_COPY_BYTES):
         return "pipe"
     if cma and total_nbytes > CMA_MIN_COPY_BYTES:
         return "cma"

@@ -64,7 +64,8 @@ class GatherMethods(CommunicatorCore):
         block and the call, the root the call only, and copies the blocks); larger blocks
         stream through the segment's pipe (each rank copies its block in, chunk by chunk,
         the root copies them out) up to world 3, or at any world size without cross-memory
-        attach; otherwise, above ``CMA_MIN_COPY_BYTES`` gathered in all, the agreement round
+        attach or up to ``CMA_MIN_COPY_BYTES`` gathered in all; otherwise, above
+        ``CMA_MIN_COPY_BYTES``, the agreement round
         (through the segment where there is one), then the root reads
         every peer's ``x`` by cross-memory attach, and releases the peers once it has read
         them all, each byte copied once straight from where it is to where it goes; the
