@@ -38,11 +38,11 @@ if TYPE_CHECKING:
 
 __all__ = ["body", "body_v", "check", "check_v", "plan_allgather", "plan_allgatherv", "unrunnable"]
 
-#: The algorithms, by the name that the decision table and forcing use.
-_ALGORITHMS = {
+#: The algorithms that start from this rank's block in place, by the name that the decision
+#: table and forcing use; "cma" starts from ``x`` itself (see :func:`_allgather_into`).
+_IN_PLACE = {
     "shm": _copies.shm_allgather,
     "pipe": _pipe.pipe_allgather,
-    "cma": _copies.cma_allgather,
     "bruck": _algorithms.bruck_allgather,
     "recursive_doubling": _algorithms.recursive_doubling_allgather,
     "ring": _algorithms.ring_allgather,
@@ -127,24 +127,32 @@ def body(
     decision table's choice when it is None."""
     count = flat.shape[0]
     bounds = [i * count for i in range(world.size + 1)]
-    if name is None:
-        name = decide(
-            gathered.nbytes,
-            world.size,
-            _onehost(world, flat.nbytes),
-            segment=world.shm is not None,
-        )
-    algorithm = _ALGORITHMS[name]
+    onehost = _onehost(world, flat.nbytes)
+    segment = world.shm is not None
+    chosen = name or decide(gathered.nbytes, world.size, onehost, segment=segment)
 
     async def run(spec: OpSpec) -> None:
-        if name == "cma":
-            # Its peers read flat itself; it places its own block while they do.
-            await _copies.cma_allgather(world, spec, gathered, bounds, flat)
-            return
-        _place(flat, gathered, bounds, world.rank)
-        await algorithm(world, spec, gathered, bounds)
+        await _allgather_into(chosen, world, spec, flat, gathered, bounds)
 
     return run
+
+
+async def _allgather_into(
+    name: str,
+    world: World,
+    spec: OpSpec,
+    flat: np.ndarray,
+    gathered: np.ndarray,
+    bounds: Sequence[int],
+) -> None:
+    """Every rank's block into ``gathered`` by the algorithm ``name``, this rank's from
+    ``flat``: by cross-memory attach the peers read ``flat`` itself while this rank places
+    it; every other algorithm starts from it in place."""
+    if name == "cma":
+        await _copies.cma_allgather(world, spec, gathered, bounds, flat)
+        return
+    _place(flat, gathered, bounds, world.rank)
+    await _IN_PLACE[name](world, spec, gathered, bounds)
 
 
 def check_v(
@@ -196,13 +204,11 @@ def body_v(
         segment = world.shm is not None
         onehost = _onehost(world, None)
         chosen = name or decide(gathered.nbytes, n, onehost, segment=segment)
-        data = spec._replace(count=bounds[n])
-        if chosen == "cma" and n > 1:
-            await _copies.cma_allgather(world, data, gathered, bounds, flat)
+        if n > 1:
+            data = spec._replace(count=bounds[n])
+            await _allgather_into(chosen, world, data, flat, gathered, bounds)
         else:
             _place(flat, gathered, bounds, r)
-            if n > 1:
-                await _ALGORITHMS[chosen](world, data, gathered, bounds)
         parts[:] = [
             gathered[bounds[i] : bounds[i + 1]].reshape(all_rows[i], *trailing) for i in range(n)
         ]

@@ -212,14 +212,14 @@ async def cma_allgather(
     spec: OpSpec,
     gathered: np.ndarray,
     bounds: Sequence[int],
-    source: np.ndarray | None = None,
+    source: np.ndarray,
 ) -> None:
     """Every rank's block into ``gathered``, rank i's at ``[bounds[i], bounds[i + 1])``
     (blocks of any sizes), each rank reading each peer's block straight into its place.
 
-    ``source`` is this rank's block where the caller has it (its ``x``; this rank's block
-    of ``gathered`` if in place, the default): the peers read it there, and this rank copies
-    it into place while they do. Reading the source rather than a copy just made of it
+    ``source`` is this rank's block where the caller has it (its ``x``, which may be its
+    block of ``gathered``: in place): the peers read it there, and this rank copies it
+    into place while they do. Reading the source rather than a copy just made of it
     matters on a machine whose cores do not share a cache: the copy's lines are dirty in
     this core's cache and cross to the reader one by one, while a source that has not
     changed since the last call may sit in the reader's cache already (forked processes,
@@ -230,10 +230,9 @@ async def cma_allgather(
     blocks = [gathered[bounds[q] : bounds[q + 1]] for q in range(world.size)]
     reads = {q: (blocks[q].nbytes, [(0, blocks[q])]) for q in peers}
     own = blocks[world.rank]
-    if source is None or np.may_share_memory(source, own):
-        await _copy(world, spec, own, peers, reads)
-    else:
-        await _copy(world, spec, source, peers, reads, (own, source))
+    # The checks allow x to overlap out= only as exactly this block (see _allgather._place).
+    meanwhile = None if np.may_share_memory(source, own) else (own, source)
+    await _copy(world, spec, source, peers, reads, meanwhile)
 
 
 async def cma_gather(
