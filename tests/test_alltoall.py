@@ -165,6 +165,7 @@ def test_every_algorithm_is_covered() -> None:
     assert _decision.ALGORITHMS["alltoall"] == ("shm", "pipe", "cma", *ALGORITHMS)
     assert _decision.ALGORITHMS["alltoallv"] == ("pairwise",)
     assert _decision.alltoallv() == "pairwise"
+    assert _decision.alltoallv(slotted=True) == "shm"
 
 
 @pytest.mark.parametrize(

@@ -27,7 +27,7 @@ from launched import run_killed, run_reports
 from local_runs import force, on_every_rank
 from trioring._algorithms import _tree_gather
 from trioring._collectives import _decision
-from trioring._collectives._gather import SHM_SCATTER_BYTES
+from trioring._collectives._scatter import SHM_SCATTER_BYTES
 from trioring.testing import open_local_world
 
 if TYPE_CHECKING:

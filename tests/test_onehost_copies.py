@@ -1,6 +1,6 @@
 """The one-host paths of the collectives that only copy: the shared segment's slots
-(allgather, gather, alltoall; scatter on each side of where the decision table stops taking
-it), its pipe (those, allgatherv and scatter, and the reductions: reduce_scatter(v) and
+(allgather, gather, alltoall; scatter, scatterv, allgatherv, gatherv and alltoallv on each
+side of where the decision table stops taking them), its pipe (those, allgatherv and scatter, and the reductions: reduce_scatter(v) and
 reduce) and cross-memory attach (the same; with its control through the segment, and by
 frames where there is no segment), each forced at worlds 2-5 in
 real processes over Unix sockets, on seeded inputs of several dtypes at sizes from empty to
@@ -46,7 +46,8 @@ CASES = [
     ),
     # Only the root knows a scatter's size before its first round, so its segment path
     # cannot be forced: the worker scatters on each side of where the decision leaves it.
-    ("scatter", "auto"),
+    # Likewise the uneven ones, whose sizes every rank learns with the counts.
+    *((c, "auto") for c in ("scatter", "scatterv", "allgatherv", "gatherv", "alltoallv")),
 ]
 
 

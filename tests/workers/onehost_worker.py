@@ -1,8 +1,10 @@
 """One rank of tests/test_onehost_copies.py: a copying collective (allgather, allgatherv,
-gather, scatter, alltoall), or reduce_scatter(v) or reduce, forced onto a one-host path (``shm``,
-``pipe`` or ``cma``), or a scatter left
-to the decision table (``auto``), at sizes from empty to several chunks, on seeded inputs, checked exactly, with each rank's buffers
-overwritten the moment the call returns (a peer still reading them would get garbage).
+gather, scatter, alltoall), or reduce_scatter(v) or reduce, forced onto a one-host path
+(``shm``, ``pipe`` or ``cma``), or a scatter, scatterv, allgatherv, gatherv or alltoallv
+left to the decision table (``auto``: on each side of where the shared segment's slots stop
+taking them), at sizes from empty to several chunks, on seeded inputs, checked exactly, with each
+rank's buffers overwritten the moment the call returns (a peer still reading them would get
+garbage).
 
 ``trioring run -n N --transport unix onehost_worker.py COLLECTIVE ALGORITHM OUT_DIR``; the
 report (``rank{RANK}.json``) lists what was wrong, the features, and what a call too large
@@ -20,7 +22,7 @@ import numpy as np
 import trio
 
 import trioring
-from trioring._collectives._gather import SHM_SCATTER_BYTES
+from trioring._collectives._scatter import SHM_SCATTER_BYTES
 from trioring._onehost._shm import PIPE_CHUNK_BYTES, PIPE_CHUNKS, SHM_MAX_BYTES
 
 DTYPES = ("float32", "int8", "float64", "bool", "complex64")
@@ -40,9 +42,22 @@ def counts(algorithm: str, collective: str, n: int, itemsize: int) -> list[int]:
         # The last: a block of more than the whole ring, ending in a partial chunk.
         wrapping = [PIPE_CHUNKS * PIPE_CHUNK_BYTES // itemsize + 3] if itemsize == 4 else []
         return [0, 1, 5, 1000, 300_001, *wrapping]
-    if algorithm == "auto":
+    if algorithm == "auto" and collective == "scatter":
         most = SHM_SCATTER_BYTES // ((n - 1) * itemsize)
         return [0, 1, 5, most - 1, most, most + 1]
+    if algorithm == "auto":
+        # The uneven ones: each side of where a rank's data stops fitting its slot beside
+        # its counts (1-d blocks: allgatherv's counts take 4 int64s, gatherv's 2,
+        # alltoallv's 2 per rank), so that some ranks' blocks fit and others' do not.
+        if collective == "scatterv":
+            # The root's slot: its header, a flag, the shapes, the others' blocks.
+            most = (SHM_SCATTER_BYTES - 8 - 8 * n) // itemsize // (n - 1)
+            return [0, 1, 5, most - 2, most - 1, most, most + 1]
+        words = {"allgatherv": 4, "gatherv": 2, "alltoallv": 2 * n}[collective]
+        most = (SHM_MAX_BYTES - 8 * words) // itemsize
+        if collective == "alltoallv":
+            most //= n - 1
+        return [0, 1, 5, most - 2, most - 1, most, most + 1]
     whole = n - 1 if collective == "alltoall" else 1  # blocks a rank writes to its slot
     return [0, 1, 5, SHM_MAX_BYTES // (itemsize * whole)]
 
@@ -67,11 +82,48 @@ async def one(
         else:
             got = await comm.allgather(mine)
     elif collective == "allgatherv":
-        shares = [make(seed, q, count + q, dtype)[: (count + q) * (q % 2)] for q in range(n)]
+        # Rank q's block has count + q rows (none on every third rank), so that at some
+        # counts the lower ranks' blocks fit their slots and the higher ones' do not.
+        shares = [make(seed, q, (count + q) * (q % 3 != 2), dtype) for q in range(n)]
         mine = shares[r].copy()
         got = await comm.allgatherv(mine)
         mine.fill(0)
         return not checker or all(np.array_equal(g, w) for g, w in zip(got, shares, strict=True))
+    elif collective == "gatherv":
+        # As for allgatherv.
+        shares = [make(seed, q, (count + q) * (q % 3 != 2), dtype) for q in range(n)]
+        mine = shares[r].copy()
+        got = await comm.gatherv(mine, root=root)
+        mine.fill(0)
+        if r != root:
+            return got is None
+        return all(np.array_equal(g, w) for g, w in zip(got, shares, strict=True))
+    elif collective == "scatterv":
+        # Rank q's block has count + (q + seed) % 3 rows (none where that is 2), so that
+        # at some counts the root's slot takes them and at others it does not; the
+        # ranks pass out= on some calls, which ends the call with a barrier.
+        sizes = [(count + (q + seed) % 3) * ((q + seed) % 3 != 2) for q in range(n)]
+        blocks_v = [make(seed + 1, q, sizes[q], dtype) for q in range(n)]
+        mine_v = [block.copy() for block in blocks_v] if r == root else None
+        if seed % 2:
+            got = await comm.scatterv(mine_v, root=root, out=np.empty(sizes[r], dtype))
+        else:
+            got = await comm.scatterv(mine_v, root=root)
+        for block in mine_v or []:
+            block.fill(0)
+        return bool(got.dtype == blocks_v[r].dtype and np.array_equal(got, blocks_v[r]))
+    elif collective == "alltoallv":
+        # Rank p sends count + (p + 2 q) % 3 rows to rank q (none where p + q is 4).
+        def rows(p: int, q: int) -> int:
+            return (count + (p + 2 * q) % 3) * (p + q != 4)
+
+        sent = [make(seed + 10 * q, r, rows(r, q), dtype) for q in range(n)]
+        mine_v = [block.copy() for block in sent]
+        got = await comm.alltoallv(mine_v)
+        for block in mine_v:
+            block.fill(0)
+        want_v = [make(seed + 10 * r, q, rows(q, r), dtype) for q in range(n)]
+        return not checker or all(np.array_equal(g, w) for g, w in zip(got, want_v, strict=True))
     elif collective == "gather":
         # The root passes no out=, a separate one, or one whose own block is its x.
         form = seed % 3 if r == root else 0

@@ -5,13 +5,16 @@ The contracts are :meth:`trioring.Communicator.allgather`'s and
 
 Frames. An allgather's frames carry the dtype and each rank's element count, so ranks that
 pass different dtypes or counts raise :class:`CollectiveMismatchError` on the first frame.
-An allgatherv runs in two phases under one sequence number: first an allgather (Bruck) of
-one small int64 vector per rank, ``[rows, out= capacity or -1, *trailing shape]``, whose
-frames carry the dtype and that vector's length (so a different dtype or number of
-dimensions is a mismatch of frame identity); then the data, whose frames carry the dtype and
-the total element count, which every rank worked out from the same vectors. Different
-trailing shapes, or an ``out=`` on some rank that does not hold the total, are found by
-every rank in the same vectors, and every rank raises CollectiveMismatchError.
+An allgatherv runs in two phases under one sequence number. First every rank's small int64
+vector, ``[rows, out= capacity or -1, *trailing shape]``, under an identity of the dtype and
+that vector's length (so a different dtype or number of dimensions is a mismatch of
+identity): with a shared segment each rank publishes it in its slot, with its ``x`` after it
+where that fits (else ``x``'s address, for cross-memory attach), and when every rank's fits
+that publication is the whole call; without, an allgather of the vectors by Bruck. Then the
+data, whose frames (or stream through the segment's pipe) carry the dtype and the total
+element count, which every rank worked out from the same vectors. Different trailing shapes,
+or an ``out=`` on some rank that does not hold the total, are found by every rank in the
+same vectors, and every rank raises CollectiveMismatchError.
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ import numpy as np
 from .. import _algorithms
 from .._onehost import _copies, _pipe
 from .._onehost._shm import SHM_MAX_BYTES
-from .._wire import DTYPE_CODES
+from .._onehost._shm_collectives import shm_done
+from .._wire import DTYPE_CODES, DTYPES
 from ._checks import Refused, check_array, check_out
 from ._counts import describe, impossible_counts, mismatch
 from ._decision import allgather as decide, copy_unrunnable
@@ -87,8 +91,9 @@ def plan_allgatherv(
 
 
 def _onehost(world: World, block_nbytes: int | None) -> tuple[bool, bool]:
-    """(whether the shared segment can take blocks of ``block_nbytes``: never for
-    allgatherv's blocks of differing sizes, None; whether cross-memory attach was agreed)."""
+    """(whether the shared segment can take blocks of ``block_nbytes``; None: not asked,
+    as for allgatherv's blocks of differing sizes, whose counts decide; whether
+    cross-memory attach was agreed)."""
     shm = world.shm is not None and block_nbytes is not None and block_nbytes <= SHM_MAX_BYTES
     return shm, world.peer_pids is not None
 
@@ -193,62 +198,122 @@ def body_v(
     fills ``parts`` with one view of it per rank, shaped ``(rows_i, *trailing)``. The
     spec's count is the length of that vector, ``len(trailing) + 2``."""
     n, r = world.size, world.rank
+    size = math.prod(trailing)
+    capacity = -1 if out is None else out.shape[0]
+    m = len(trailing) + 2
+    room = SHM_MAX_BYTES - (m + 2) * 8
+    # Through the segment, x goes with the vector when it fits beside it (unless an
+    # algorithm is forced); when every rank's does, that one publication is the whole call.
+    in_slot = name is None and flat.nbytes <= room
+    if world.shm is None:
+        mine = np.array([rows, capacity, *trailing], dtype=np.int64)
+    else:
+        # Else the vector carries x's address, where cross-memory attach reads it (1.8 us
+        # to ask for, in a call of 30: not asked for when x is in the slot).
+        address = flat.ctypes.data if world.peer_pids is not None and not in_slot else 0
+        mine = np.array([rows, capacity, *trailing, address, flat.nbytes], dtype=np.int64)
+    payload = (flat,) if in_slot else ()
 
-    async def run(spec: OpSpec) -> None:
-        all_rows = [rows] if n == 1 else await _exchange_rows(spec)
-        size = math.prod(trailing)
+    def gathered_for(all_rows: list[int]) -> tuple[np.ndarray, list[int], list[np.ndarray]]:
+        """The result buffer, every rank's bounds and block in it, with ``parts`` filled."""
         bounds = [0]
         for peer_rows in all_rows:
             bounds.append(bounds[-1] + peer_rows * size)
         gathered = np.empty(bounds[n], dtype=flat.dtype) if out is None else out
-        segment = world.shm is not None
-        onehost = _onehost(world, None)
-        chosen = name or decide(gathered.nbytes, n, onehost, segment=segment)
-        if n > 1:
-            data = spec._replace(count=bounds[n])
-            await _allgather_into(chosen, world, data, flat, gathered, bounds)
-        else:
-            _place(flat, gathered, bounds, r)
+        blocks = [gathered[bounds[i] : bounds[i + 1]] for i in range(n)]
         parts[:] = [
-            gathered[bounds[i] : bounds[i + 1]].reshape(all_rows[i], *trailing) for i in range(n)
+            block.reshape(rows_i, *trailing) for block, rows_i in zip(blocks, all_rows, strict=True)
         ]
+        return gathered, bounds, blocks
 
-    async def _exchange_rows(spec: OpSpec) -> list[int]:
-        """Every rank's rows, once every rank's vector agreed with this one's."""
-        capacity = -1 if out is None else out.shape[0]
-        mine = np.array([rows, capacity, *trailing], dtype=np.int64)
-        m = mine.shape[0]
-        table = np.empty(n * m, dtype=np.int64)
-        table[r * m : (r + 1) * m] = mine
-        await _algorithms.bruck_allgather(world, spec, table, [i * m for i in range(n + 1)])
-        vectors = table.reshape(n, m)
-        me = describe(spec, flat.dtype, rows, trailing)
-        for peer in range(n):
-            peer_rows, peer_trailing = int(vectors[peer, 0]), tuple(vectors[peer, 2:].tolist())
-            if peer_rows < 0 or vectors[peer, 1] < -1 or min(peer_trailing, default=0) < 0:
-                raise impossible_counts(world, spec, peer, vectors[peer])
-            if peer_trailing != trailing:
-                raise mismatch(
-                    world,
-                    spec,
-                    peer,
-                    f"{me}, rank {peer}: {describe(spec, flat.dtype, peer_rows, peer_trailing)}",
-                )
-        all_rows = [int(v) for v in vectors[:, 0]]
-        total = sum(all_rows) * math.prod(trailing)
-        for peer in range(n):
-            capacity = int(vectors[peer, 1])
-            if capacity not in (-1, total):
-                raise mismatch(
-                    world,
-                    spec,
-                    peer,
-                    f"{me} (the ranks' arrays hold {total} elements in all), rank {peer}: "
-                    f"out= holds {capacity} elements",
-                )
-        return all_rows
+    async def by_sockets(spec: OpSpec) -> None:
+        all_rows = [rows]
+        if n > 1:
+            table = np.empty((n, m), dtype=np.int64)
+            table[r] = mine
+            await _algorithms.bruck_allgather(
+                world, spec, table.reshape(-1), range(0, n * m + 1, m)
+            )
+            all_rows = _checked_rows(world, spec, table)
+        gathered, bounds, _ = gathered_for(all_rows)
+        if n == 1:
+            _place(flat, gathered, bounds, r)
+            return
+        chosen = name or decide(gathered.nbytes, n, _onehost(world, None), segment=False)
+        await _allgather_into(chosen, world, spec._replace(count=bounds[n]), flat, gathered, bounds)
 
-    return run
+    async def by_segment(spec: OpSpec) -> None:
+        slots = await _copies.shm_post(world, spec, mine, payload)
+        vectors = _copies.posted_states(world, spec, mine.shape[0])
+        gathered, bounds, blocks = gathered_for(_checked_rows(world, spec, vectors[:, :m]))
+        slotted = [name is None and block.nbytes <= room for block in blocks]
+        onehost = (all(slotted), world.peer_pids is not None)
+        chosen = name or decide(gathered.nbytes, n, onehost, segment=True)
+        if chosen == "shm":
+            for q in range(n):
+                if q != r:
+                    blocks[q].view(np.uint8)[...] = slots[q, mine.nbytes :][: blocks[q].nbytes]
+            _place(flat, gathered, bounds, r)
+            shm_done(world, spec)
+            return
+        data = spec._replace(count=bounds[n])
+        if chosen == "cma":
+            # What fits a slot came with the counts; the rest is read where it is, at the
+            # addresses that came with them (read before the call's end, as the slots).
+            far = [q for q in range(n) if q != r and not slotted[q]]
+            for q in range(n):
+                if q != r and slotted[q]:
+                    blocks[q].view(np.uint8)[...] = slots[q, mine.nbytes :][: blocks[q].nbytes]
+            announced = vectors[:, m:]
+            await _copies.cma_allgather(world, data, gathered, bounds, flat, announced, far)
+            return
+        _place(flat, gathered, bounds, r)
+        if chosen == "pipe":
+            await _pipe.pipe_allgather(world, data, gathered, bounds, agreed=True)
+            return
+        # Through the sockets: the segment's part of the call ends with the counts.
+        shm_done(world, spec)
+        await _IN_PLACE[chosen](world, data, gathered, bounds)
+
+    return by_segment if world.shm is not None and n > 1 else by_sockets
+
+
+def _checked_rows(world: World, spec: OpSpec, vectors: np.ndarray) -> list[int]:
+    """Every rank's rows from the ``(n, 2 + len(trailing))`` vectors, once every rank's
+    agreed with this one's (the same checks, in the same order, on every rank: every rank
+    sees the same vectors). Checked as Python ints, and the messages made only for an
+    error: a dtype's name alone takes 3 us, in a small allgatherv of 30."""
+    table = vectors.tolist()
+    trailing = table[world.rank][2:]
+    for peer, (peer_rows, capacity, *peer_trailing) in enumerate(table):
+        if peer_rows < 0 or capacity < -1 or min(peer_trailing, default=0) < 0:
+            raise impossible_counts(world, spec, peer, vectors[peer])
+        if peer_trailing != trailing:
+            raise mismatch(
+                world,
+                spec,
+                peer,
+                f"{_me(world, spec, table)}, rank {peer}: "
+                f"{describe(spec, DTYPES[spec.dtype_code - 1], peer_rows, tuple(peer_trailing))}",
+            )
+    all_rows = [vector[0] for vector in table]
+    total = sum(all_rows) * math.prod(trailing)
+    for peer, vector in enumerate(table):
+        if vector[1] not in (-1, total):
+            raise mismatch(
+                world,
+                spec,
+                peer,
+                f"{_me(world, spec, table)} (the ranks' arrays hold {total} elements in all), "
+                f"rank {peer}: out= holds {vector[1]} elements",
+            )
+    return all_rows
+
+
+def _me(world: World, spec: OpSpec, table: list[list[int]]) -> str:
+    """This rank's call as its error messages name it."""
+    mine = table[world.rank]
+    return describe(spec, DTYPES[spec.dtype_code - 1], mine[0], tuple(mine[2:]))
 
 
 def _is_block(flat: np.ndarray, gathered: np.ndarray, rank: int) -> bool:

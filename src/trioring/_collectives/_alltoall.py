@@ -7,11 +7,15 @@ Frames. An alltoall's frames carry the dtype and the input's element count (n eq
 blocks), so ranks that pass different dtypes or sizes raise
 :class:`CollectiveMismatchError` on the first frame they exchange; both algorithms send
 their first frame to rank r+1, so ranks whose sizes put them on different rows of the
-decision table still meet there. An alltoallv runs in two phases under one sequence
-number: first an alltoall (Bruck) of one small int64 vector per pair of ranks,
-``[rows, *trailing shape]`` (the rows that rank sends to this one), whose frames carry the
-dtype and that vector's length (so a different dtype or number of dimensions is a mismatch
-of frame identity); then the data, by pairwise exchange, under the same identity, each
+decision table still meet there.
+
+An alltoallv runs in two phases under one sequence number. First one small int64 vector per
+pair of ranks, ``[rows, *trailing shape]`` (the rows that rank sends to this one), under an
+identity of the dtype and that vector's length (so a different dtype or number of
+dimensions is a mismatch of identity): with a shared segment each rank publishes its
+vectors for every rank in its slot, with its blocks for the others after them where they
+fit, and when every rank's fit that publication is the whole call; without, an alltoall of
+the vectors by Bruck. Then the data, by pairwise exchange, under the same identity, each
 block of exactly the size its sender announced. Different trailing shapes are found by
 every rank in the vectors it receives, and every rank raises CollectiveMismatchError.
 """
@@ -26,6 +30,7 @@ import numpy as np
 from .. import _algorithms
 from .._onehost import _copies, _pipe
 from .._onehost._shm import SHM_MAX_BYTES
+from .._onehost._shm_collectives import shm_done
 from .._wire import DTYPE_CODES
 from . import _decision
 from ._checks import Refused, check_array, check_out
@@ -168,16 +173,16 @@ def plan_alltoallv(
     out, once the counts are known, not to hold what this rank receives is reported in
     ``problems`` (the call completes on every rank, into a buffer of its own here)."""
     flats, rows, trailing, out_flat = check_v(xs, out, world.size)
-    name = forced if forced is not None else _decision.alltoallv()
-    assert name == "pairwise", name
+    assert forced in (None, "pairwise"), forced  # "shm" is not forceable (see _decision)
     parts: list[np.ndarray[Any, Any]] = []
-    body = _body_v(world, flats, rows, trailing, out_flat, parts, problems)
+    body = _body_v(world, forced, flats, rows, trailing, out_flat, parts, problems)
     identity = {"dtype_code": DTYPE_CODES[flats[0].dtype], "count": len(trailing) + 1}
     return parts, body, identity
 
 
 def _body_v(
     world: World,
+    forced: str | None,
     flats: list[np.ndarray[Any, Any]],
     rows: list[int],
     trailing: tuple[int, ...],
@@ -185,12 +190,24 @@ def _body_v(
     parts: list[np.ndarray[Any, Any]],
     problems: list[str],
 ) -> Callable[[OpSpec], Awaitable[None]]:
-    n = world.size
+    n, r = world.size, world.rank
     dtype = flats[0].dtype
     size = math.prod(trailing)
+    m = len(trailing) + 1
+    # [rows, *trailing] for each destination rank.
+    mine = np.empty((n, m), dtype=np.int64)
+    mine[:, 0] = rows
+    mine[:, 1:] = trailing
+    room = SHM_MAX_BYTES - mine.nbytes
+    # Through the segment, the blocks for the other ranks go with the counts when they fit
+    # beside them (unless the algorithm is forced); when every rank's do, that one
+    # publication is the whole call. In worlds too large for the counts in one slot, Bruck.
+    segment = world.shm is not None and n > 1 and room >= 0
+    sent = sum(flat.nbytes for q, flat in enumerate(flats) if q != r)
+    payload = [f for q, f in enumerate(flats) if q != r] if forced is None and sent <= room else []
 
-    async def run(spec: OpSpec) -> None:
-        incoming = rows if n == 1 else await _exchange_rows(spec)
+    def received_for(incoming: list[int]) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The result buffer and each sender's block of it."""
         bounds = [0]
         for peer_rows in incoming:
             bounds.append(bounds[-1] + peer_rows * size)
@@ -205,33 +222,65 @@ def _body_v(
         else:
             received = np.empty(total, dtype) if out is None else out
         recvs = [received[bounds[i] : bounds[i + 1]] for i in range(n)]
-        await _algorithms.pairwise_alltoall(world, spec, flats, recvs)
         parts[:] = [recvs[i].reshape(incoming[i], *trailing) for i in range(n)]
+        return received, recvs
 
-    async def _exchange_rows(spec: OpSpec) -> list[int]:
-        """The rows every rank sends to this one, once every rank's trailing shape agreed
-        with this one's."""
-        m = len(trailing) + 1
-        mine = np.empty((n, m), dtype=np.int64)
-        mine[:, 0] = rows
-        mine[:, 1:] = trailing
-        vectors = np.empty((n, m), dtype=np.int64)
-        await _algorithms.bruck_alltoall(world, spec, mine.reshape(-1), vectors.reshape(-1), m)
-        for peer in range(n):
-            peer_rows, peer_trailing = int(vectors[peer, 0]), tuple(vectors[peer, 1:].tolist())
-            if peer_rows < 0 or min(peer_trailing, default=0) < 0:
-                raise impossible_counts(world, spec, peer, vectors[peer])
-            if peer_trailing != trailing:
-                raise mismatch(
-                    world,
-                    spec,
-                    peer,
-                    f"{describe(spec, dtype, None, trailing)}, rank {peer}: "
-                    f"{describe(spec, dtype, None, peer_trailing)}",
-                )
-        return [int(v) for v in vectors[:, 0]]
+    async def by_sockets(spec: OpSpec) -> None:
+        incoming = rows
+        if n > 1:
+            vectors = np.empty((n, m), dtype=np.int64)
+            await _algorithms.bruck_alltoall(world, spec, mine.reshape(-1), vectors.reshape(-1), m)
+            incoming = _checked_incoming(world, spec, vectors.tolist(), dtype, trailing)
+        _, recvs = received_for(incoming)
+        await _algorithms.pairwise_alltoall(world, spec, flats, recvs)
 
-    return run
+    async def by_segment(spec: OpSpec) -> None:
+        slots = await _copies.shm_post(world, spec, mine.reshape(-1), payload)
+        # Every rank's counts: [sender, destination] = [rows, *trailing].
+        states = _copies.posted_states(world, spec, n * m).reshape(n, n, m)
+        incoming = _checked_incoming(world, spec, states[:, r].tolist(), dtype, trailing)
+        _, recvs = received_for(incoming)
+        # What each rank sends to each, in bytes; a rank's blocks for the others are in its
+        # slot if they fit there.
+        sends = (states[:, :, 0] * (size * dtype.itemsize)).tolist()
+        slotted = forced is None and all(sum(row) - row[q] <= room for q, row in enumerate(sends))
+        if (forced or _decision.alltoallv(slotted=slotted)) == "shm":
+            for q in range(n):
+                if q != r:
+                    # In rank q's slot, after its counts: its blocks for every rank but q.
+                    at = mine.nbytes + sum(sends[q][:r]) - (sends[q][q] if q < r else 0)
+                    recvs[q].view(np.uint8)[...] = slots[q, at : at + recvs[q].nbytes]
+            recvs[r][...] = flats[r]
+            shm_done(world, spec)
+            return
+        # The segment's part of the call ends with the counts.
+        shm_done(world, spec)
+        await _algorithms.pairwise_alltoall(world, spec, flats, recvs)
+
+    return by_segment if segment else by_sockets
+
+
+def _checked_incoming(
+    world: World,
+    spec: OpSpec,
+    vectors: list[list[int]],
+    dtype: np.dtype[Any],
+    trailing: tuple[int, ...],
+) -> list[int]:
+    """The rows every rank sends to this one, from the ``[rows, *trailing]`` each sent it,
+    once every rank's trailing shape agreed with this one's."""
+    for peer, (peer_rows, *peer_trailing) in enumerate(vectors):
+        if peer_rows < 0 or min(peer_trailing, default=0) < 0:
+            raise impossible_counts(world, spec, peer, np.array(vectors[peer]))
+        if tuple(peer_trailing) != trailing:
+            raise mismatch(
+                world,
+                spec,
+                peer,
+                f"{describe(spec, dtype, None, trailing)}, rank {peer}: "
+                f"{describe(spec, dtype, None, tuple(peer_trailing))}",
+            )
+    return [vector[0] for vector in vectors]
 
 
 def _shape_of(x: np.ndarray[Any, Any]) -> str:

@@ -7,7 +7,7 @@ collective  condition, first match wins                             algorithm
 allreduce   "shm" and nbytes <= the segment's share (<= 256 KiB)    ``shm``
 allreduce   "shm" (larger arrays, through the segment's pipe)       ``pipe``
 allreduce   "cma" and nbytes > CMA_MIN_BYTES                        ``cma``
-allreduce   nbytes <= min(SMALL_ALLREDUCE_BYTES, chunk_bytes)        ``recursive_doubling``
+allreduce   nbytes <= min(SMALL_ALLREDUCE_BYTES, chunk_bytes)       ``recursive_doubling``
 allreduce   otherwise                                               ``ring``
 broadcast   "shm" and nbytes <= SHM_MAX_BYTES                       ``shm``
 broadcast   "shm" (larger arrays, through the segment's pipe)       ``pipe``
@@ -22,21 +22,25 @@ allgather   "cma", and "shm" or total nbytes > CMA_MIN_COPY_BYTES   ``cma``
 allgather   n a power of 2, total <= SMALL_POW2_ALLGATHER_BYTES     ``recursive_doubling``
 allgather   total nbytes <= SMALL_ALLGATHER_BYTES                   ``bruck``
 allgather   otherwise                                               ``ring``
-allgatherv  as allgather (total nbytes, once the counts are known),  as allgather
-            but never ``shm`` (blocks of differing sizes)
+allgatherv  "shm" and every rank's block came with its counts (see  ``shm`` (not forceable)
+            UNEVEN below)
+allgatherv  otherwise as allgather (total nbytes, once the counts      as allgather
+            are known)
 alltoall    "shm" and (n-1)/n nbytes <= SHM_MAX_BYTES (own block    ``shm``
             stays out of the slot)
 alltoall    "shm", and n >= 3 or no "cma"                           ``pipe``
 alltoall    "cma", and "shm" or nbytes > CMA_MIN_COPY_BYTES         ``cma``
 alltoall    block nbytes <= SMALL_ALLTOALL_BLOCK_BYTES and n >= 4   ``bruck``
 alltoall    otherwise                                               ``pairwise``
-alltoallv   any sizes                                               ``pairwise``
+alltoallv   "shm" and every rank's blocks came with its counts      ``shm`` (not forceable)
+alltoallv   otherwise                                               ``pairwise``
 gather      "shm" and each rank's block <= SHM_MAX_BYTES            ``shm``
 gather      "shm", and n <= 3 or total <= CMA_MIN_COPY_BYTES or no  ``pipe``
             "cma"
 gather      "cma" and total nbytes > CMA_MIN_COPY_BYTES             ``cma``
 gather      otherwise (an agreement round, then the binomial tree)  ``tree``
-gatherv     any sizes                                               ``tree``
+gatherv     "shm" and every non-root's block came with its counts   ``shm`` (not forceable)
+gatherv     otherwise                                               ``tree``
 scatter     "shm", an array on the root whose other ranks' blocks   ``shm`` (not forceable:
             fit its slot beside the header (the header round goes      only the root knows the
             through the segment whenever there is one)                 size before the round)
@@ -44,7 +48,9 @@ scatter     "shm", no "cma", an array on the root                   ``pipe``
 scatter     "cma", an array on the root, total > CMA_MIN_SCATTER_   ``cma``
             BYTES with a shared segment, CMA_MIN_COPY_BYTES without
 scatter     otherwise (a header round, then the binomial tree)      ``tree``
-scatterv    any sizes                                               ``tree``
+scatterv    "shm" and the others' blocks and shapes fit the root's  ``shm`` (not forceable)
+            slot beside the header
+scatterv    otherwise                                               ``tree``
 ==========  ======================================================  ======================
 
 ===============  ===================================================  =========================
@@ -443,11 +449,11 @@ def alltoall(
     return "pairwise"
 
 
-def alltoallv() -> str:
-    """The alltoallv row: the block sizes are known only after the counts exchange (and
-    differ per pair), so the pairwise exchange always; the counts themselves, one small
-    int64 vector per pair, go by Bruck."""
-    return "pairwise"
+def alltoallv(*, slotted: bool = False) -> str:
+    """The alltoallv row, once the counts are known (they differ per pair): ``slotted``,
+    every rank's blocks for the other ranks came with its counts in its slot of the shared
+    segment; otherwise the pairwise exchange."""
+    return "shm" if slotted else "pairwise"
 
 
 # SCAN_FAMILY: scan and exscan go by recursive doubling (MPICH's default for both; Thakur,
@@ -463,12 +469,23 @@ def scan() -> str:
     return "recursive_doubling"
 
 
-# GATHER_FAMILY: gather, gatherv, scatter and scatterv go by the binomial tree at every size,
-# MPICH's choice for both (Thakur, Rabenseifner and Gropp 2005): ceil(log2 n) alpha +
-# ((n-1)/n) m beta, for m bytes gathered at (scattered from) the root, latency-optimal and,
-# since the root receives (sends) every byte but its own once, as good as any algorithm
-# on the root's link. Each call first takes a dissemination round (ceil(log2 n) alpha) so
-# that a disagreement raises on every rank (see _collectives._gather). Not measured here.
+# GATHER_FAMILY: without the one-host paths, gather, gatherv, scatter and scatterv go by the
+# binomial tree at every size, MPICH's choice for both (Thakur, Rabenseifner and Gropp 2005):
+# ceil(log2 n) alpha + ((n-1)/n) m beta, for m bytes gathered at (scattered from) the root,
+# latency-optimal and, since the root receives (sends) every byte but its own once, as good
+# as any algorithm on the root's link. Each call first takes a dissemination round
+# (ceil(log2 n) alpha) so that a disagreement raises on every rank (see _collectives._gather
+# and _scatter).
+#
+# UNEVEN: allgatherv, gatherv and alltoallv start with their counts, scatterv with the
+# root's shapes. With a shared segment every rank publishes its counts in its slot (the
+# scatter header round already went there), the data after them where it fits, instead of
+# a Bruck exchange through the sockets (about 100 us at world 2); when every block fits,
+# that is the whole call. Not forceable: no rank knows beforehand whether all fit.
+# trioring bench, float32, world 2, slowest rank's median, us, before / after, 8 B / 64
+# KiB / 1 MiB: allgatherv 125 / 50, 138 / 64, 229 / 145; gatherv 88 / 31, 100 / 47, 193 /
+# 185; alltoallv 96 / 31, 117 / 37, 274 / 155 (even ones, same launches: 17-30, 24-60,
+# 82-167); scatterv 92 / 63, 109 / 74 against scatter's 42-46 / 61-76 before, 63 / 75 after.
 
 
 def gather(
@@ -490,6 +507,12 @@ def gather(
     if cma and total_nbytes > CMA_MIN_COPY_BYTES:
         return "cma"
     return "tree"
+
+
+def gatherv(*, slotted: bool = False) -> str:
+    """The gatherv row, once the counts are known: ``slotted``, every non-root rank's block
+    came with its counts in its slot of the shared segment; otherwise the tree."""
+    return "shm" if slotted else "tree"
 
 
 #: A scatter too large for the shared segment goes by cross-memory attach from this size

@@ -1,11 +1,12 @@
 """The gather family's public methods: gather, gatherv, scatter and scatterv (their checks,
-decisions and algorithms: :mod:`trioring._collectives._gather`)."""
+decisions and algorithms: :mod:`trioring._collectives._gather` and
+:mod:`~trioring._collectives._scatter`)."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .._collectives import _gather
+from .._collectives import _gather, _scatter
 from .._core import CommunicatorCore
 from .._wire import Kind
 
@@ -213,7 +214,7 @@ class GatherMethods(CommunicatorCore):
         kind = Kind.SCATTER
         box = await self._execute(
             kind,
-            lambda: _gather.plan_scatter(
+            lambda: _scatter.plan_scatter(
                 self._world, self._forced.get(kind.label), blocks, root, out, uneven=False
             ),
         )
@@ -243,7 +244,7 @@ class GatherMethods(CommunicatorCore):
         kind = Kind.SCATTERV
         box = await self._execute(
             kind,
-            lambda: _gather.plan_scatter(
+            lambda: _scatter.plan_scatter(
                 self._world, self._forced.get(kind.label), blocks, root, out, uneven=True
             ),
         )

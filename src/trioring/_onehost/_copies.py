@@ -46,12 +46,14 @@ __all__ = [
     "cma_alltoall",
     "cma_gather",
     "cma_scatter",
+    "posted_states",
     "scatter_address",
     "scatter_words",
     "shm_allgather",
     "shm_alltoall",
     "shm_disseminate",
     "shm_gather",
+    "shm_post",
 ]
 
 
@@ -133,20 +135,15 @@ async def shm_alltoall(world: World, spec: OpSpec, flat: np.ndarray, out: np.nda
     shm_done(world, spec)
 
 
-async def shm_disseminate(
-    world: World,
-    spec: OpSpec,
-    state: np.ndarray,
-    merge: Callable[[np.ndarray, np.ndarray], None],
-    payload: Sequence[np.ndarray] = (),
+async def shm_post(
+    world: World, spec: OpSpec, state: np.ndarray, payload: Sequence[np.ndarray] = ()
 ) -> np.ndarray:
-    """:func:`~trioring._algorithms.disseminate` through the segment: every rank publishes
-    its ``state`` (a small int64 array, the same length everywhere), with the flat arrays of
-    ``payload`` one after another right after it (a scatter's root: the other ranks'
-    blocks), and folds every peer's state into its own in rank order, so that with
-    disseminate's idempotent merges every rank ends with the same state. Returns the slots
-    as ``(n, SHM_MAX_BYTES)`` bytes, from which the caller copies what it needs of a
-    payload before it calls :func:`shm_done`."""
+    """Publish this rank's ``state`` (a small int64 array, the same length on every rank
+    whose call agrees: the publication's size) with the flat arrays of ``payload`` one
+    after another right after it, and wait until every rank has published. Returns the
+    slots as ``(n, SHM_MAX_BYTES)`` bytes; every rank's state is its row's first
+    ``state.nbytes`` (see :func:`posted_states`), and the caller copies what it needs of a
+    payload before it calls :func:`shm_done` (or its data path's end does)."""
     slots = world.shm
     assert slots is not None
     r, nbytes = world.rank, state.nbytes
@@ -159,11 +156,35 @@ async def shm_disseminate(
     for piece in payload:
         rows[r, at : at + piece.nbytes] = piece.view(np.uint8)
         at += piece.nbytes
-    # What every rank publishes: the headers must match, and only the root has a payload.
+    # What every rank publishes: the states' size, whoever has a payload.
     shm_publish(world, spec, nbytes)
     await shm_wait(world, spec)
+    return rows
+
+
+def posted_states(world: World, spec: OpSpec, words: int) -> np.ndarray:
+    """Every rank's state of ``words`` int64s that :func:`shm_post` published for ``spec``,
+    as ``(n, words)`` views of the slots (valid until the caller says it is done)."""
+    assert world.shm is not None
+    return world.shm.rows(spec.seq & 1, _INT64, words)
+
+
+async def shm_disseminate(
+    world: World,
+    spec: OpSpec,
+    state: np.ndarray,
+    merge: Callable[[np.ndarray, np.ndarray], None],
+    payload: Sequence[np.ndarray] = (),
+) -> np.ndarray:
+    """:func:`~trioring._algorithms.disseminate` through the segment: every rank publishes
+    its ``state`` with its ``payload`` (:func:`shm_post`; a scatter's root: the other
+    ranks' blocks), and folds every peer's state into its own in rank order, so that with
+    disseminate's idempotent merges every rank ends with the same state. Returns the slots
+    as :func:`shm_post` does."""
+    rows = await shm_post(world, spec, state, payload)
+    states = posted_states(world, spec, state.shape[0])
     for q in range(world.size):
-        if q != r:
+        if q != world.rank:
             merge(state, states[q])
     return rows
 
@@ -213,9 +234,14 @@ async def cma_allgather(
     gathered: np.ndarray,
     bounds: Sequence[int],
     source: np.ndarray,
+    announced: np.ndarray | None = None,
+    peers: Sequence[int] | None = None,
 ) -> None:
     """Every rank's block into ``gathered``, rank i's at ``[bounds[i], bounds[i + 1])``
     (blocks of any sizes), each rank reading each peer's block straight into its place.
+    ``announced``: as for :func:`_copy`, every rank's ``source`` address from a
+    publication that began the call (allgatherv's counts), and then ``peers``: the peers
+    to read from (the others' blocks came with that publication); default: every peer.
 
     ``source`` is this rank's block where the caller has it (its ``x``, which may be its
     block of ``gathered``: in place): the peers read it there, and this rank copies it
@@ -226,13 +252,13 @@ async def cma_allgather(
     1 MiB, the reader's median per block of 100: 84-111 us from a source unchanged since
     the last block in every stretch of the machine, 117-790 us from one just rewritten:
     bench/modes.py --reads)."""
-    peers = _peers_from(world)
+    readers = _peers_from(world)
     blocks = [gathered[bounds[q] : bounds[q + 1]] for q in range(world.size)]
-    reads = {q: (blocks[q].nbytes, [(0, blocks[q])]) for q in peers}
+    reads = {q: (blocks[q].nbytes, [(0, blocks[q])]) for q in (readers if peers is None else peers)}
     own = blocks[world.rank]
     # The checks allow x to overlap out= only as exactly this block (see _allgather._place).
     meanwhile = None if np.may_share_memory(source, own) else (own, source)
-    await _copy(world, spec, source, peers, reads, meanwhile)
+    await _copy(world, spec, source, readers, reads, meanwhile, announced=announced)
 
 
 async def cma_gather(

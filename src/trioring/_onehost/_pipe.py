@@ -262,11 +262,20 @@ def _rooted(
 
 
 async def pipe_allgather(
-    world: World, spec: OpSpec, gathered: np.ndarray, bounds: Sequence[int]
+    world: World,
+    spec: OpSpec,
+    gathered: np.ndarray,
+    bounds: Sequence[int],
+    *,
+    agreed: bool = False,
 ) -> None:
     """Every rank's block into ``gathered`` (rank i's at ``[bounds[i], bounds[i + 1])``, any
-    sizes; this rank's already in place): each rank streams its block to all the others."""
-    stream = await _start(world, spec, gathered.nbytes)
+    sizes; this rank's already in place): each rank streams its block to all the others.
+    ``agreed``: the call was published and checked on the segment already (allgatherv's
+    counts), so the stream starts without a publication of its own."""
+    stream = (
+        _Stream(world, spec, agreed=True) if agreed else await _start(world, spec, gathered.nbytes)
+    )
     await stream.run(_to_all(world, bounds, gathered))
     await _end(stream)
 
