@@ -28,9 +28,9 @@ from .. import _algorithms
 from .._onehost import _copies, _pipe
 from .._onehost._shm import SHM_MAX_BYTES
 from .._onehost._shm_collectives import shm_done
-from .._wire import DTYPE_CODES, DTYPES
+from .._wire import DTYPE_CODES
 from ._checks import Refused, check_array, check_out
-from ._counts import describe, impossible_counts, mismatch
+from ._counts import checked_rows
 from ._decision import allgather as decide, copy_unrunnable
 
 if TYPE_CHECKING:
@@ -234,7 +234,7 @@ def body_v(
             await _algorithms.bruck_allgather(
                 world, spec, table.reshape(-1), range(0, n * m + 1, m)
             )
-            all_rows = _checked_rows(world, spec, table)
+            all_rows = checked_rows(world, spec, table)
         gathered, bounds, _ = gathered_for(all_rows)
         if n == 1:
             _place(flat, gathered, bounds, r)
@@ -245,25 +245,24 @@ def body_v(
     async def by_segment(spec: OpSpec) -> None:
         slots = await _copies.shm_post(world, spec, mine, payload)
         vectors = _copies.posted_states(world, spec, mine.shape[0])
-        gathered, bounds, blocks = gathered_for(_checked_rows(world, spec, vectors[:, :m]))
+        gathered, bounds, blocks = gathered_for(checked_rows(world, spec, vectors[:, :m]))
         slotted = [name is None and block.nbytes <= room for block in blocks]
         onehost = (all(slotted), world.peer_pids is not None)
         chosen = name or decide(gathered.nbytes, n, onehost, segment=True)
-        if chosen == "shm":
+        if chosen in ("shm", "cma"):
+            # What fits a slot came with the counts.
             for q in range(n):
-                if q != r:
+                if q != r and slotted[q]:
                     blocks[q].view(np.uint8)[...] = slots[q, mine.nbytes :][: blocks[q].nbytes]
+        if chosen == "shm":
             _place(flat, gathered, bounds, r)
             shm_done(world, spec)
             return
         data = spec._replace(count=bounds[n])
         if chosen == "cma":
-            # What fits a slot came with the counts; the rest is read where it is, at the
-            # addresses that came with them (read before the call's end, as the slots).
+            # The rest is read where it is, at the addresses that came with the counts
+            # (read before the call's end, as the slots).
             far = [q for q in range(n) if q != r and not slotted[q]]
-            for q in range(n):
-                if q != r and slotted[q]:
-                    blocks[q].view(np.uint8)[...] = slots[q, mine.nbytes :][: blocks[q].nbytes]
             announced = vectors[:, m:]
             await _copies.cma_allgather(world, data, gathered, bounds, flat, announced, far)
             return
@@ -276,44 +275,6 @@ def body_v(
         await _IN_PLACE[chosen](world, data, gathered, bounds)
 
     return by_segment if world.shm is not None and n > 1 else by_sockets
-
-
-def _checked_rows(world: World, spec: OpSpec, vectors: np.ndarray) -> list[int]:
-    """Every rank's rows from the ``(n, 2 + len(trailing))`` vectors, once every rank's
-    agreed with this one's (the same checks, in the same order, on every rank: every rank
-    sees the same vectors). Checked as Python ints, and the messages made only for an
-    error: a dtype's name alone takes 3 us, in a small allgatherv of 30."""
-    table = vectors.tolist()
-    trailing = table[world.rank][2:]
-    for peer, (peer_rows, capacity, *peer_trailing) in enumerate(table):
-        if peer_rows < 0 or capacity < -1 or min(peer_trailing, default=0) < 0:
-            raise impossible_counts(world, spec, peer, vectors[peer])
-        if peer_trailing != trailing:
-            raise mismatch(
-                world,
-                spec,
-                peer,
-                f"{_me(world, spec, table)}, rank {peer}: "
-                f"{describe(spec, DTYPES[spec.dtype_code - 1], peer_rows, tuple(peer_trailing))}",
-            )
-    all_rows = [vector[0] for vector in table]
-    total = sum(all_rows) * math.prod(trailing)
-    for peer, vector in enumerate(table):
-        if vector[1] not in (-1, total):
-            raise mismatch(
-                world,
-                spec,
-                peer,
-                f"{_me(world, spec, table)} (the ranks' arrays hold {total} elements in all), "
-                f"rank {peer}: out= holds {vector[1]} elements",
-            )
-    return all_rows
-
-
-def _me(world: World, spec: OpSpec, table: list[list[int]]) -> str:
-    """This rank's call as its error messages name it."""
-    mine = table[world.rank]
-    return describe(spec, DTYPES[spec.dtype_code - 1], mine[0], tuple(mine[2:]))
 
 
 def _is_block(flat: np.ndarray, gathered: np.ndarray, rank: int) -> bool:

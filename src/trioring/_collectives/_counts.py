@@ -1,11 +1,14 @@
 """What the uneven collectives (allgatherv, gatherv, alltoallv) say when the counts that the
-ranks exchanged before their data do not fit: one wording for all of them."""
+ranks exchanged before their data do not fit: one wording for all of them, and the checks
+of allgatherv's and gatherv's vectors."""
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 from .._errors import CollectiveMismatchError, ProtocolError
+from .._wire import DTYPES
 
 if TYPE_CHECKING:
     import numpy as np
@@ -13,7 +16,7 @@ if TYPE_CHECKING:
     from .._algorithms import World
     from .._wire import OpSpec
 
-__all__ = ["describe", "impossible_counts", "job_id", "mismatch"]
+__all__ = ["checked_rows", "describe", "impossible_counts", "job_id", "mismatch"]
 
 
 def job_id(world: World) -> str | None:
@@ -51,3 +54,46 @@ def impossible_counts(world: World, spec: OpSpec, peer: int, vector: np.ndarray)
         collective=spec.kind.label,
         seq=spec.seq,
     )
+
+
+def checked_rows(
+    world: World, spec: OpSpec, vectors: np.ndarray, root: int | None = None
+) -> list[int]:
+    """Every rank's rows from the ``(n, 2 + len(trailing))`` vectors ``[rows, out= capacity
+    or -1, *trailing]`` of an allgatherv (``root`` None: every rank's ``out=`` must hold
+    the total) or a gatherv (only ``root``'s), once every rank's agreed with this one's.
+    The same checks in the same order on every rank, which all see the same vectors, so a
+    disagreement raises everywhere. Checked as Python ints, and the messages made only for
+    an error: a dtype's name alone takes 3 us, in a small allgatherv of 30."""
+    table = vectors.tolist()
+    trailing = table[world.rank][2:]
+    for peer, (peer_rows, capacity, *peer_trailing) in enumerate(table):
+        if peer_rows < 0 or capacity < -1 or min(peer_trailing, default=0) < 0:
+            raise impossible_counts(world, spec, peer, vectors[peer])
+        if peer_trailing != trailing:
+            theirs = describe(spec, _dtype(spec), peer_rows, tuple(peer_trailing))
+            raise mismatch(world, spec, peer, f"{_me(world, spec, table)}, rank {peer}: {theirs}")
+    all_rows = [vector[0] for vector in table]
+    total = sum(all_rows) * math.prod(trailing)
+    for peer in range(world.size) if root is None else (root,):
+        capacity = table[peer][1]
+        if capacity not in (-1, total):
+            who = f"rank {peer}" if root is None else f"root {root}"
+            raise mismatch(
+                world,
+                spec,
+                peer,
+                f"{_me(world, spec, table)} (the ranks' arrays hold {total} elements in all), "
+                f"{who}: out= holds {capacity} elements",
+            )
+    return all_rows
+
+
+def _dtype(spec: OpSpec) -> np.dtype[Any]:
+    return DTYPES[spec.dtype_code - 1]
+
+
+def _me(world: World, spec: OpSpec, table: list[list[int]]) -> str:
+    """This rank's call as its error messages name it."""
+    mine = table[world.rank]
+    return describe(spec, _dtype(spec), mine[0], tuple(mine[2:]))

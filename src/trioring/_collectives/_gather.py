@@ -39,7 +39,7 @@ from .._onehost._shm_collectives import shm_done
 from .._wire import DTYPE_CODES
 from . import _decision
 from ._checks import Refused, agree, check_array, check_out, check_root
-from ._counts import describe, impossible_counts, mismatch
+from ._counts import checked_rows
 
 if TYPE_CHECKING:
     from .._algorithms import World
@@ -160,7 +160,7 @@ def plan_gatherv(
                 await _algorithms.bruck_allgather(
                     world, spec, vectors.reshape(-1), range(0, n * m + 1, m)
                 )
-        all_rows = _check_vectors(world, spec, vectors, dtype, rows, trailing, checked_root)
+        all_rows = checked_rows(world, spec, vectors, checked_root)
         row = math.prod(trailing)
         sizes = [peer_rows * row for peer_rows in all_rows]
         total = sum(sizes)
@@ -174,67 +174,28 @@ def plan_gatherv(
             assert gathered is not None
             for q in range(n):
                 parts.append(gathered[bounds[q] : bounds[q + 1]].reshape(all_rows[q], *trailing))
-        if slots is None:
+        by = "tree"
+        if slots is not None:
+            nbytes = [size * dtype.itemsize for size in sizes]
+            slotted = forced is None and all(
+                b <= room for q, b in enumerate(nbytes) if q != checked_root
+            )
+            by = _decision.gatherv(slotted=slotted)
+            if by == "shm" and gathered is not None:
+                for q in range(n):
+                    if q != r:
+                        block = gathered[bounds[q] : bounds[q + 1]].view(np.uint8)
+                        block[...] = slots[q, m * 8 : m * 8 + nbytes[q]]
+                gathered[bounds[r] : bounds[r + 1]] = flat
+            # The segment's part of the call ends with the counts (or is the whole call).
+            shm_done(world, spec)
+        if by == "tree":
             await _algorithms.tree_gather(
                 world, spec._replace(count=total), flat, sizes, checked_root, gathered
             )
-            return
-        nbytes = [size * dtype.itemsize for size in sizes]
-        slotted = forced is None and all(
-            b <= room for q, b in enumerate(nbytes) if q != checked_root
-        )
-        if (forced or _decision.gatherv(slotted=slotted)) == "shm":
-            if gathered is not None:
-                for q in range(n):
-                    if q != r:
-                        gathered[bounds[q] : bounds[q + 1]].view(np.uint8)[...] = slots[q, m * 8 :][
-                            : nbytes[q]
-                        ]
-                gathered[bounds[r] : bounds[r + 1]] = flat
-            shm_done(world, spec)
-            return
-        # The segment's part of the call ends with the counts.
-        shm_done(world, spec)
-        await _algorithms.tree_gather(
-            world, spec._replace(count=total), flat, sizes, checked_root, gathered
-        )
 
     identity = {"dtype_code": DTYPE_CODES[dtype], "count": len(trailing) + 2, "root": checked_root}
     return parts, exchange_then_gather, identity
-
-
-def _check_vectors(
-    world: World,
-    spec: OpSpec,
-    vectors: np.ndarray,
-    dtype: np.dtype[Any],
-    rows: int,
-    trailing: tuple[int, ...],
-    root: int,
-) -> list[int]:
-    """Every rank's rows, once every rank's vector agreed with this one's (the same checks,
-    in the same order, on every rank)."""
-    n = world.size
-    me = describe(spec, dtype, rows, trailing)
-    for peer in range(n):
-        peer_rows, peer_trailing = int(vectors[peer, 0]), tuple(vectors[peer, 2:].tolist())
-        if peer_rows < 0 or vectors[peer, 1] < -1 or min(peer_trailing, default=0) < 0:
-            raise impossible_counts(world, spec, peer, vectors[peer])
-        if peer_trailing != trailing:
-            theirs = describe(spec, dtype, peer_rows, peer_trailing)
-            raise mismatch(world, spec, peer, f"{me}, rank {peer}: {theirs}")
-    all_rows = [int(v) for v in vectors[:, 0]]
-    total = sum(all_rows) * math.prod(trailing)
-    capacity = int(vectors[root, 1])
-    if capacity not in (-1, total):
-        raise mismatch(
-            world,
-            spec,
-            root,
-            f"{me} (the ranks' arrays hold {total} elements in all), root {root}: out= holds "
-            f"{capacity} elements",
-        )
-    return all_rows
 
 
 def same_memory(a: np.ndarray, b: np.ndarray) -> bool:
