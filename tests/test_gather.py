@@ -26,8 +26,9 @@ from exact_inputs import make
 from launched import run_killed, run_reports
 from local_runs import force, on_every_rank
 from trioring._algorithms import _tree_gather
-from trioring._collectives import _decision
+from trioring._collectives import _decision, _scatter
 from trioring._collectives._scatter import SHM_SCATTER_BYTES
+from trioring._wire import DTYPE_CODES
 from trioring.testing import open_local_world
 
 if TYPE_CHECKING:
@@ -815,3 +816,74 @@ def test_sigkill_during_the_collective(tmp_path: Path, collective: str, algorith
         assert report["error"] == "PeerFailedError", report
         assert report["peer"] == victim, report
         assert report["elapsed"] < 5.0, report
+
+
+# -- scatter's out= through the shared segment ---------------------------------------------
+
+SCATTER_OUT_WORKER = Path(__file__).parent / "workers" / "scatter_out_worker.py"
+
+
+@pytest.mark.parametrize("n", [2, 3, 5])
+def test_scatter_out_through_the_segment(tmp_path: Path, n: int) -> None:
+    """Through the shared segment every rank folds every rank's header at once (not by a
+    merge per peer): out= passed on some ranks is filled, and a bad one, or two, raise
+    the same CollectiveMismatchError on every rank, naming the same rank, without
+    writing into it (tests/workers/scatter_out_worker.py)."""
+    if not trioring.is_available("shm"):
+        pytest.skip(f"shm is not available here: {trioring.capabilities()}")
+    reports = run_reports(SCATTER_OUT_WORKER, [str(tmp_path)], tmp_path, n)
+    root, odd = n - 1, n - 2
+    expected = {
+        "dtype": f"out= has dtype float32, root {root} scatters float64",
+        "count": f"out= holds 4 elements, root {root}'s blocks hold 3",
+        "two-counts": f"out= holds 2 elements, root {root}'s blocks hold 3",
+        "list-count": f"out= holds 4 elements, but root {root}'s block for this rank is float64[3]",
+    }
+    for r, report in enumerate(reports):
+        assert all("shm" in features for features in report["features"]), report
+        cases = report["cases"]
+        for name in ("good", "good-list"):
+            assert cases[name] == {"error": None, "right": True}, (r, name, cases[name])
+        for name, fragment in expected.items():
+            error = cases[name]["error"]
+            assert error is not None, (r, name)
+            assert error["type"] == "CollectiveMismatchError", (r, name, error)
+            assert fragment in error["message"], (r, name, error["message"])
+            if name != "list-count":
+                # Decided by the fold, the same on every rank: whose out= is named (in its
+                # own words, which a rank may raise as relayed from it, or a peer's).
+                own = f"rank {odd}: scatter(root={root}) #1: this rank's out="
+                named = f"rank {odd}'s out=" in error["message"] or own in error["message"]
+                assert named, (r, name, error["message"])
+        # The ranks whose out= was bad: untouched.
+        if r == odd:
+            assert all(cases[name]["right"] for name in expected), (r, cases)
+        if r == 0:
+            assert cases["two-counts"]["right"], (r, cases)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.integers(1, 6).flatmap(
+        lambda n: st.tuples(
+            st.just(n),
+            st.integers(0, n - 1),
+            st.lists(
+                st.none() | st.tuples(st.integers(1, 3), st.integers(0, 4)), min_size=n, max_size=n
+            ),
+        )
+    )
+)
+def test_scatter_fold_agrees_with_the_pairwise_merge(case: tuple[int, int, list[Any]]) -> None:
+    """The segment's one-pass fold of every rank's header (_scatter._fold) gives what the
+    sockets' dissemination gives by merging headers pairwise (_scatter._merge), whatever
+    order the merges come in: so an out= mismatch reads the same over either."""
+    n, root, outs = case
+    fields = (DTYPE_CODES[np.dtype(np.float64)], 0, 1, (3,))
+    starts = [_scatter._start_header(q, fields if q == root else None, outs[q]) for q in range(n)]
+    folded = _scatter._fold([start[: _scatter._SHAPE].tolist() for start in starts], root)
+    for order in (range(n), reversed(range(n))):
+        merged = starts[root].copy()
+        for q in order:
+            _scatter._merge(merged, starts[q])
+        assert merged[: _scatter._SHAPE].tolist() == folded

@@ -24,6 +24,7 @@ with a dissemination barrier, so that rank's mismatch reaches every rank.
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +42,7 @@ from ._counts import job_id, mismatch
 from ._gather import same_memory
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Sequence
 
     from .._algorithms import World
     from .._wire import OpSpec
@@ -62,6 +63,7 @@ _SHAPE = 14
 #: The scatter header's length, in int64s.
 HEADER_WORDS = _SHAPE + MAX_DIMS
 _NOBODY = 2**62  # the rank (and least value) where nobody passed out=
+_HEADER_BYTES = HEADER_WORDS * 8
 _ARRAY, _LIST = 0, 1
 
 
@@ -92,9 +94,17 @@ def plan_scatter(
                 raise Refused(f"out=: {exc}") from None
         body = _scatter_elsewhere(world, forced, checked_root, out, target, box)
         return box, body, {"root": checked_root}
-    form, parts, shapes = _check_blocks(blocks, n, uneven=uneven)
+    shapes: np.ndarray[Any, Any] | None = None
+    fields: tuple[int, int, int, tuple[int, ...] | None]
+    if isinstance(blocks, list | tuple):
+        form, (parts, shapes) = _LIST, _check_list(blocks, n)
+        own_shape = tuple(shapes[r].tolist())
+        fields = (DTYPE_CODES[parts[0].dtype], _LIST, shapes.shape[1], None)
+    else:
+        flat, own_shape = _check_rows(blocks, n, uneven=uneven)
+        form, parts = _ARRAY, [flat]
+        fields = (DTYPE_CODES[flat.dtype], _ARRAY, len(own_shape), own_shape)
     dtype = parts[0].dtype
-    own_shape = tuple(shapes[r].tolist())
     own_count = math.prod(own_shape)
     if out is None:
         box.append(np.empty(own_shape, dtype=dtype))
@@ -112,14 +122,7 @@ def plan_scatter(
                 )
         assert isinstance(out, np.ndarray)
         box.append(out)
-    header = _blank_header(r, result if out is not None else None)
-    header[_KNOWN], header[_DTYPE], header[_FORM] = 1, DTYPE_CODES[dtype], form
-    header[_NDIM] = shapes.shape[1]
-    if form == _ARRAY:
-        header[_COUNT] = own_count
-        header[_SHAPE : _SHAPE + len(own_shape)] = own_shape
-    else:
-        header[_COUNT] = -1
+    header = _start_header(r, fields, _out_fields(result if out is not None else None))
 
     async def scatter_from_root(spec: OpSpec) -> None:
         by = _scatter_by(world, forced, n * own_count * dtype.itemsize if form == _ARRAY else -1)
@@ -130,18 +133,15 @@ def plan_scatter(
                 payload = _others(parts[0], r * own_count, (r + 1) * own_count)
             elif by == "cma":
                 payload = (_copies.scatter_address(parts[0]),)
-            elif form == _LIST:
+            elif shapes is not None:
                 payload = _list_payload(forced, parts, shapes, r)
-            else:
-                payload = ()
-            rows = await _copies.shm_disseminate(world, spec, header, _merge, payload)
+        h, _, rows = await _header_round(world, spec, header, checked_root, payload)
+        if rows is not None:
             if by == "cma":
-                announced = _copies.scatter_words(rows, header.nbytes)
+                announced = _copies.scatter_words(rows, _HEADER_BYTES)
             elif by != "pipe":
                 shm_done(world, spec)
-        else:
-            await _algorithms.disseminate(world, spec, header, _merge)
-        any_out = _check_header(world, spec, header, checked_root)[_ANY_OUT]
+        any_out = h[_ANY_OUT]
         if by == "shm":
             # The others copy theirs out of this rank's slot.
             result[...] = parts[0][r * own_count : (r + 1) * own_count]
@@ -163,6 +163,7 @@ def plan_scatter(
             sizes = [own_count] * n
             await _algorithms.tree_scatter(world, data, parts, sizes, checked_root, result)
             return
+        assert shapes is not None
         data = spec._replace(dtype_code=DTYPE_CODES[dtype])
         await _algorithms.tree_scatterv(
             world, data, checked_root, shapes.shape[1], shapes, parts, lambda _shape: result
@@ -184,37 +185,44 @@ def _others(flat: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, ...]:
     return flat[:lo], flat[hi:]
 
 
-def _check_blocks(
+def _check_list(
+    blocks: list[Any] | tuple[Any, ...], n: int
+) -> tuple[list[np.ndarray[Any, Any]], np.ndarray[Any, Any]]:
+    """The root's list of blocks as (flat arrays in rank order, an ``(n, ndim)`` int64
+    array of each rank's block shape), or Refused."""
+    if len(blocks) != n:
+        raise Refused(f"the root passes {len(blocks)} arrays; expected world_size ({n})")
+    parts = []
+    for index, block in enumerate(blocks):
+        try:
+            parts.append(check_array(block, writable=False))
+        except Refused as exc:
+            raise Refused(f"blocks[{index}]: {exc}") from None
+    arrays: list[np.ndarray[Any, Any]] = list(blocks)
+    first = arrays[0]
+    for index, block in enumerate(arrays):
+        if block.dtype != first.dtype:
+            raise Refused(
+                f"blocks[{index}] has dtype {block.dtype}, blocks[0] has {first.dtype}; "
+                "they must agree"
+            )
+        if block.ndim != first.ndim:
+            raise Refused(
+                f"blocks[{index}] has {block.ndim} dimensions, blocks[0] has {first.ndim}; "
+                "they must agree"
+            )
+    shapes = np.zeros((n, first.ndim), dtype=np.int64)
+    for index, block in enumerate(arrays):
+        shapes[index] = block.shape
+    return parts, shapes
+
+
+def _check_rows(
     blocks: object, n: int, *, uneven: bool
-) -> tuple[int, list[np.ndarray[Any, Any]], np.ndarray[Any, Any]]:
-    """The root's blocks as (form, flat arrays in rank order, an int64 array of each rank's
-    block shape), or Refused."""
-    if isinstance(blocks, list | tuple):
-        if len(blocks) != n:
-            raise Refused(f"the root passes {len(blocks)} arrays; expected world_size ({n})")
-        parts = []
-        for index, block in enumerate(blocks):
-            try:
-                parts.append(check_array(block, writable=False))
-            except Refused as exc:
-                raise Refused(f"blocks[{index}]: {exc}") from None
-        arrays: list[np.ndarray[Any, Any]] = list(blocks)
-        first = arrays[0]
-        for index, block in enumerate(arrays):
-            if block.dtype != first.dtype:
-                raise Refused(
-                    f"blocks[{index}] has dtype {block.dtype}, blocks[0] has {first.dtype}; "
-                    "they must agree"
-                )
-            if block.ndim != first.ndim:
-                raise Refused(
-                    f"blocks[{index}] has {block.ndim} dimensions, blocks[0] has {first.ndim}; "
-                    "they must agree"
-                )
-        shapes = np.zeros((n, first.ndim), dtype=np.int64)
-        for index, block in enumerate(arrays):
-            shapes[index] = block.shape
-        return _LIST, parts, shapes
+) -> tuple[np.ndarray[Any, Any], tuple[int, ...]]:
+    """The root's one array of ``n`` rows as (its flat view, one row's shape), or Refused.
+    No shape array as for a list: every row has the same shape, and building one cost
+    1.5 us of a 4-byte scatter of 20."""
     if uneven:
         raise Refused(
             f"scatterv takes a list of world_size arrays on the root, got {_name(blocks)}; "
@@ -226,17 +234,16 @@ def _check_blocks(
             f"{n} arrays, got {_name(blocks)}"
         )
     flat = check_array(blocks, writable=False)
-    if blocks.ndim == 0 or blocks.shape[0] != n:
-        shape = "a 0-d array" if blocks.ndim == 0 else f"shape {blocks.shape}"
+    shape = blocks.shape
+    if not shape or shape[0] != n:
+        what = "a 0-d array" if not shape else f"shape {shape}"
         raise Refused(
-            f"the root's array has {shape}; its first dimension must be world_size ({n}), "
+            f"the root's array has {what}; its first dimension must be world_size ({n}), "
             "one block per rank (pass a list of arrays for uneven blocks)"
         )
-    if blocks.ndim - 1 > MAX_DIMS:
+    if len(shape) - 1 > MAX_DIMS:
         raise Refused(f"blocks of more than {MAX_DIMS} dimensions are not supported")
-    shapes = np.zeros((n, blocks.ndim - 1), dtype=np.int64)
-    shapes[:] = blocks.shape[1:]
-    return _ARRAY, [flat], shapes
+    return flat, shape[1:]
 
 
 #: The most a scatter's root carries in its slot beside the header: a scatter from an array
@@ -269,15 +276,10 @@ def _scatter_elsewhere(
     """A non-root rank's step: learn the header, then receive this rank's block into
     ``target`` (``out``'s flat view) or a new array, which goes into ``box``."""
     n, r = world.size, world.rank
-    header = _blank_header(r, target)
+    start = _start_header(r, None, _out_fields(target))
 
     async def scatter_to_here(spec: OpSpec) -> None:
-        rows = None
-        if world.shm is not None:
-            rows = await _copies.shm_disseminate(world, spec, header, _merge)
-        else:
-            await _algorithms.disseminate(world, spec, header, _merge)
-        h = _check_header(world, spec, header, root)
+        h, header, rows = await _header_round(world, spec, start, root)
         dtype = DTYPES[h[_DTYPE] - 1]
 
         def prepare(shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
@@ -298,8 +300,8 @@ def _scatter_elsewhere(
             return target
 
         by = "tree"
-        if h[_FORM] == _LIST and rows is not None and _list_in_slot(rows[root], header.nbytes):
-            _list_from_slot(rows[root], header.nbytes, n, h[_NDIM], root, r, prepare)
+        if h[_FORM] == _LIST and rows is not None and _list_in_slot(rows[root], _HEADER_BYTES):
+            _list_from_slot(rows[root], _HEADER_BYTES, n, h[_NDIM], root, r, prepare)
             shm_done(world, spec)
             if h[_ANY_OUT]:
                 await _algorithms.barrier(world, spec)
@@ -317,7 +319,7 @@ def _scatter_elsewhere(
             if by == "shm":
                 assert rows is not None
                 # The root's slot holds every block but its own, after the header.
-                at = HEADER_WORDS * 8 + (r - (r > root)) * count * dtype.itemsize
+                at = _HEADER_BYTES + (r - (r > root)) * count * dtype.itemsize
                 result.view(np.uint8)[...] = rows[root, at : at + result.nbytes]
         if rows is not None and by not in ("cma", "pipe"):
             # The copy's end says done (the done words of the header round's publication).
@@ -329,7 +331,7 @@ def _scatter_elsewhere(
             if by == "cma":
                 # With a segment, the root's address came with the header (and this rank's
                 # done word waits for the end of the copy).
-                announced = None if rows is None else _copies.scatter_words(rows, header.nbytes)
+                announced = None if rows is None else _copies.scatter_words(rows, _HEADER_BYTES)
                 await _copies.cma_scatter(world, data, None, result, root, announced)
                 return
             if by == "pipe":
@@ -391,24 +393,95 @@ def _list_from_slot(
     into.view(np.uint8)[...] = slot[at : at + into.nbytes]
 
 
-def _blank_header(rank: int, target: np.ndarray[Any, Any] | None) -> np.ndarray[Any, Any]:
-    """The header as a rank starts it: nothing of the root's, and its own ``out=``."""
-    header = _BLANK.copy()
-    if target is not None:
-        header[_ANY_OUT] = 1
-        code = DTYPE_CODES[target.dtype]
-        header[_DTYPE_MIN : _DTYPE_MAX + 2] = (code, rank, code, rank)
-        header[_COUNT_MIN : _COUNT_MAX + 2] = (target.shape[0], rank, target.shape[0], rank)
-    return header
-
-
-#: The header of a rank that passed no ``out=``: nobody's dtype and count at the minima,
-#: -1 (by nobody) at the maxima. Copied, not rebuilt: building it took 4.7 us (three fancy
-#: indexings), copying it takes 0.35, in a scatter of a few bytes that takes 25-35 in all.
+#: The header of a rank that passed no ``out=``, and not the root: nobody's dtype and
+#: count at the minima, -1 (by nobody) at the maxima; what :func:`_start_header` starts
+#: from.
 _BLANK = np.zeros(HEADER_WORDS, dtype=np.int64)
 _BLANK[[_DTYPE_MIN, _DTYPE_MIN + 1, _COUNT_MIN, _COUNT_MIN + 1]] = _NOBODY
 _BLANK[[_DTYPE_MAX, _COUNT_MAX]] = -1
 _BLANK[[_DTYPE_MAX + 1, _COUNT_MAX + 1]] = _NOBODY
+
+
+def _out_fields(target: np.ndarray[Any, Any] | None) -> tuple[int, int] | None:
+    """What a rank's header says of its ``out=`` (its flat view ``target``): dtype code and
+    element count; None without one."""
+    return None if target is None else (DTYPE_CODES[target.dtype], target.shape[0])
+
+
+@functools.lru_cache(maxsize=64)
+def _start_header(
+    rank: int,
+    root: tuple[int, int, int, tuple[int, ...] | None] | None,
+    out: tuple[int, int] | None,
+) -> np.ndarray[Any, Any]:
+    """The header ``rank`` starts the round with (read-only: through the segment it is
+    published as it is, over sockets :func:`_header_round` folds into a copy). ``root``:
+    on the root, its dtype code, form, the blocks' number of dimensions and, for one
+    array, the block shape (None for a list); None elsewhere. ``out``: see
+    :func:`_out_fields`. Kept for the calls a program makes again and again: setting the
+    fields one by one took 2-3 us of a 4-byte scatter of 20 (numpy item assignments)."""
+    header = _BLANK.copy()
+    if root is not None:
+        code, form, ndim, shape = root
+        header[_KNOWN], header[_DTYPE], header[_FORM], header[_NDIM] = 1, code, form, ndim
+        header[_COUNT] = -1 if shape is None else math.prod(shape)
+        if shape is not None:
+            header[_SHAPE : _SHAPE + ndim] = shape
+    if out is not None:
+        code, count = out
+        header[_ANY_OUT] = 1
+        header[_DTYPE_MIN : _DTYPE_MAX + 2] = (code, rank, code, rank)
+        header[_COUNT_MIN : _COUNT_MAX + 2] = (count, rank, count, rank)
+    header.flags.writeable = False
+    return header
+
+
+async def _header_round(
+    world: World,
+    spec: OpSpec,
+    start: np.ndarray[Any, Any],
+    root: int,
+    payload: Sequence[np.ndarray[Any, Any]] = (),
+) -> tuple[list[int], np.ndarray[Any, Any], np.ndarray[Any, Any] | None]:
+    """The header round from this rank's ``start`` (see :func:`_start_header`; the root
+    publishes ``payload`` after it where there is a segment). Returns the folded header's
+    fields before the shape, checked the same on every rank (:func:`_check_header`); the
+    root's header, whose shape words hold the block shape of one array (through the
+    segment, a view of the root's slot, valid until this rank says done); and the slots
+    as :func:`_copies.shm_post` returns them, or None without a segment.
+
+    Through the segment every rank's header is there at once, so the fold is one pass over
+    them (:func:`_fold`) instead of a merge per peer, and when nobody passed ``out=`` (the
+    usual call) it is the root's fields as they stand: merging each peer's took 2 us at
+    world 2, in a 4-byte scatter of 20."""
+    if world.shm is None:
+        header = start.copy()
+        await _algorithms.disseminate(world, spec, header, _merge)
+        return _check_header(world, spec, header[:_SHAPE].tolist(), root), header, None
+    rows = await _copies.shm_post(world, spec, start, payload)
+    states = _copies.posted_states(world, spec, HEADER_WORDS)
+    fields = _fold(states[:, :_SHAPE].tolist(), root)
+    return _check_header(world, spec, fields, root), states[root], rows
+
+
+def _fold(states: list[list[int]], root: int) -> list[int]:
+    """Every rank's header fields before the shape (``states``, in rank order) folded into
+    one, as :func:`_merge` folds them pairwise: the root's, with the least and greatest
+    ``out=`` dtype code and element count (ties to the lowest rank) where any rank passed
+    one."""
+    folded = states[root]
+    if not any(state[_ANY_OUT] for state in states):
+        return folded
+    folded = list(folded)
+    folded[_ANY_OUT] = 1
+    for state in states:
+        for at in (_DTYPE_MIN, _COUNT_MIN):
+            if (state[at], state[at + 1]) < (folded[at], folded[at + 1]):
+                folded[at : at + 2] = state[at : at + 2]
+        for at in (_DTYPE_MAX, _COUNT_MAX):
+            if (state[at], -state[at + 1]) > (folded[at], -folded[at + 1]):
+                folded[at : at + 2] = state[at : at + 2]
+    return folded
 
 
 def _merge(mine: np.ndarray, theirs: np.ndarray) -> None:
@@ -429,11 +502,11 @@ def _merge(mine: np.ndarray, theirs: np.ndarray) -> None:
             mine[at : at + 2] = theirs[at : at + 2]
 
 
-def _check_header(world: World, spec: OpSpec, header: np.ndarray, root: int) -> list[int]:
+def _check_header(world: World, spec: OpSpec, h: list[int], root: int) -> list[int]:
     """Raise, the same on every rank, unless the root's header is in and every ``out=``
-    passed anywhere fits it; return the header's fields before the shape, as ints."""
+    passed anywhere fits it (``h``: the folded header's fields before the shape, as ints);
+    return ``h``."""
     r = world.rank
-    h: list[int] = header[:_SHAPE].tolist()
     code = h[_DTYPE]
     if (
         not h[_KNOWN]

@@ -9,7 +9,7 @@ blocks for alltoall), publishes the call, waits until every rank has published i
 mismatch of any kind, the root included, raises on every rank), and copies what it needs
 out of the peers' slots. The slot holds ``SHM_MAX_BYTES``, which bounds what a rank writes
 there. A scatter's non-roots learn the dtype and size only from the root's header, so its
-header round goes through the segment (:func:`shm_disseminate`), and when the blocks of the
+header round goes through the segment (:func:`shm_post`), and when the blocks of the
 other ranks fit the root's slot beside the header they travel with it: one publication in
 all. The root's own block stays out of the slot: at world 2 that halves what the root
 copies in, and lets a scatter of twice the slot's size take the segment.
@@ -36,7 +36,7 @@ from ._shm import SHM_MAX_BYTES
 from ._shm_collectives import shm_claim, shm_done, shm_exchange, shm_publish, shm_wait
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Sequence
+    from collections.abc import Sequence
 
     from .._algorithms import World
     from .._wire import OpSpec
@@ -51,7 +51,6 @@ __all__ = [
     "scatter_words",
     "shm_allgather",
     "shm_alltoall",
-    "shm_disseminate",
     "shm_gather",
     "shm_post",
 ]
@@ -167,26 +166,6 @@ def posted_states(world: World, spec: OpSpec, words: int) -> np.ndarray:
     as ``(n, words)`` views of the slots (valid until the caller says it is done)."""
     assert world.shm is not None
     return world.shm.rows(spec.seq & 1, _INT64, words)
-
-
-async def shm_disseminate(
-    world: World,
-    spec: OpSpec,
-    state: np.ndarray,
-    merge: Callable[[np.ndarray, np.ndarray], None],
-    payload: Sequence[np.ndarray] = (),
-) -> np.ndarray:
-    """:func:`~trioring._algorithms.disseminate` through the segment: every rank publishes
-    its ``state`` with its ``payload`` (:func:`shm_post`; a scatter's root: the other
-    ranks' blocks), and folds every peer's state into its own in rank order, so that with
-    disseminate's idempotent merges every rank ends with the same state. Returns the slots
-    as :func:`shm_post` does."""
-    rows = await shm_post(world, spec, state, payload)
-    states = posted_states(world, spec, state.shape[0])
-    for q in range(world.size):
-        if q != world.rank:
-            merge(state, states[q])
-    return rows
 
 
 # -- cross-memory attach ----------------------------------------------------------------------
@@ -305,7 +284,7 @@ def scatter_address(blocks: np.ndarray) -> np.ndarray:
 
 
 def scatter_words(rows: np.ndarray, header_nbytes: int) -> np.ndarray:
-    """The ``(n, 2)`` address words in the slots :func:`shm_disseminate` returned, where
+    """The ``(n, 2)`` address words in the slots :func:`shm_post` returned, where
     :func:`scatter_address` put the root's (only the root's mean anything)."""
     return rows[:, header_nbytes : header_nbytes + 16].view(np.uint64)
 
