@@ -489,13 +489,22 @@ def _fold(states: list[list[int]], root: int) -> list[int]:
         folded[_DTYPE_MIN:_SHAPE] = states[first][_DTYPE_MIN:_SHAPE]
         return folded
     for state in states:
-        for at in (_DTYPE_MIN, _COUNT_MIN):
-            if (state[at], state[at + 1]) < (folded[at], folded[at + 1]):
-                folded[at : at + 2] = state[at : at + 2]
-        for at in (_DTYPE_MAX, _COUNT_MAX):
-            if (state[at], -state[at + 1]) > (folded[at], -folded[at + 1]):
-                folded[at : at + 2] = state[at : at + 2]
+        _take_extremes(folded, state)
     return folded
+
+
+def _take_extremes(folded: list[int], state: list[int]) -> bool:
+    """Fold one rank's ``out=`` extremes (header fields as ints) into ``folded``'s: the
+    least and greatest dtype code and element count, ties to the lowest rank. Whether
+    ``folded`` changed."""
+    changed = False
+    for at in (_DTYPE_MIN, _COUNT_MIN):
+        if (state[at], state[at + 1]) < (folded[at], folded[at + 1]):
+            folded[at : at + 2], changed = state[at : at + 2], True
+    for at in (_DTYPE_MAX, _COUNT_MAX):
+        if (state[at], -state[at + 1]) > (folded[at], -folded[at + 1]):
+            folded[at : at + 2], changed = state[at : at + 2], True
+    return changed
 
 
 def _merge(mine: np.ndarray, theirs: np.ndarray) -> None:
@@ -508,12 +517,8 @@ def _merge(mine: np.ndarray, theirs: np.ndarray) -> None:
         mine[_SHAPE:] = theirs[_SHAPE:]
     if t[_ANY_OUT] and not m[_ANY_OUT]:
         mine[_ANY_OUT] = 1
-    for at in (_DTYPE_MIN, _COUNT_MIN):
-        if (t[at], t[at + 1]) < (m[at], m[at + 1]):
-            mine[at : at + 2] = theirs[at : at + 2]
-    for at in (_DTYPE_MAX, _COUNT_MAX):
-        if (t[at], -t[at + 1]) > (m[at], -m[at + 1]):
-            mine[at : at + 2] = theirs[at : at + 2]
+    if _take_extremes(m, t):
+        mine[_DTYPE_MIN:_SHAPE] = m[_DTYPE_MIN:_SHAPE]
 
 
 def _check_header(world: World, spec: OpSpec, h: list[int], root: int) -> list[int]:
