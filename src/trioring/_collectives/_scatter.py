@@ -95,15 +95,16 @@ def plan_scatter(
                 raise Refused(f"out=: {exc}") from None
         body = _scatter_elsewhere(world, forced, checked_root, out, target, box)
         return box, body, {"root": checked_root}
+    # A list of blocks comes with their shapes; one array (None here) has equal rows.
     shapes: np.ndarray[Any, Any] | None = None
     fields: tuple[int, int, int, tuple[int, ...] | None]
     if isinstance(blocks, list | tuple):
-        form, (parts, shapes) = _LIST, _check_list(blocks, n)
+        parts, shapes = _check_list(blocks, n)
         own_shape = tuple(shapes[r].tolist())
         fields = (DTYPE_CODES[parts[0].dtype], _LIST, shapes.shape[1], None)
     else:
         flat, own_shape = _check_rows(blocks, n, uneven=uneven)
-        form, parts = _ARRAY, [flat]
+        parts = [flat]
         fields = (DTYPE_CODES[flat.dtype], _ARRAY, len(own_shape), own_shape)
     dtype = parts[0].dtype
     own_count = math.prod(own_shape)
@@ -112,10 +113,10 @@ def plan_scatter(
         result = box[0].reshape(-1)
     else:
         result = check_out(out, dtype, own_count)
-        own = parts[r] if form == _LIST else parts[0][r * own_count : (r + 1) * own_count]
+        own = parts[r] if shapes is not None else parts[0][r * own_count : (r + 1) * own_count]
         for index, part in enumerate(parts):
             if np.may_share_memory(part, result) and not (
-                (form == _ARRAY or index == r) and same_memory(own, result)
+                (shapes is None or index == r) and same_memory(own, result)
             ):
                 raise Refused(
                     "out= overlaps the blocks other than as the root's own block; pass a "
@@ -126,7 +127,7 @@ def plan_scatter(
     header = _start_header(r, fields, _out_fields(result if out is not None else None))
 
     async def scatter_from_root(spec: OpSpec) -> None:
-        by = _scatter_by(world, forced, n * own_count * dtype.itemsize if form == _ARRAY else -1)
+        by = _scatter_by(world, forced, n * own_count * dtype.itemsize if shapes is None else -1)
         announced = None
         payload: tuple[np.ndarray, ...] = ()
         if world.shm is not None:
@@ -147,13 +148,13 @@ def plan_scatter(
             # The others copy theirs out of this rank's slot.
             result[...] = parts[0][r * own_count : (r + 1) * own_count]
             return
-        if form == _LIST and len(payload) > 1:
+        if shapes is not None and len(payload) > 1:
             # As for "shm": the others copy theirs, and their shapes, out of this slot.
             result[...] = parts[r]
             if any_out:
                 await _algorithms.barrier(world, spec)
             return
-        if form == _ARRAY:
+        if shapes is None:
             data = spec._replace(dtype_code=DTYPE_CODES[dtype], count=own_count)
             if by == "cma":
                 await _copies.cma_scatter(world, data, parts[0], result, checked_root, announced)
@@ -164,7 +165,6 @@ def plan_scatter(
             sizes = [own_count] * n
             await _algorithms.tree_scatter(world, data, parts, sizes, checked_root, result)
             return
-        assert shapes is not None
         data = spec._replace(dtype_code=DTYPE_CODES[dtype])
         await _algorithms.tree_scatterv(
             world, data, checked_root, shapes.shape[1], shapes, parts, lambda _shape: result
