@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+import trioring
 from trioring._bench import format_size, parse_sizes
 from trioring._bench_cases import CASES
 
@@ -125,3 +126,19 @@ def test_percall_script_runs() -> None:
     for rank in (0, 1):
         assert f"rank {rank}: ladder" in stdout, stdout
         assert f"rank {rank}: phases" in stdout, stdout
+
+
+@pytest.mark.parametrize("collective", ["allgather", "gather", "scatter", "alltoall"])
+def test_phases_script_runs(collective: str) -> None:
+    """bench/phases.py wraps three functions of the cross-memory attach path in timers: a
+    short run of each collective it covers keeps it in step with them (and checks the
+    results, which it does on every call)."""
+    if not trioring.is_available("cma"):
+        pytest.skip(f"cma is not available here: {trioring.capabilities()}")
+    stdout = _run_bench_script(
+        "phases.py", 2, "--collective", collective, "--size", "64K", "--calls", "10"
+    )
+    for rank in (0, 1):
+        line = next(line for line in stdout.splitlines() if f"rank {rank}: {collective}" in line)
+        assert "by cma, world 2" in line, stdout
+        assert all(f"{phase} " in line for phase in ("before", "expose", "read", "finish")), line
