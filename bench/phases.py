@@ -17,11 +17,15 @@ algorithm goes through (src/trioring/_onehost/_copies.py):
 ``finish``   saying "done" and waiting until every rank has (no peer still reads this rank)
 ``after``    from there to the caller: the call's schedule point and return
 
+A scatter through the shared segment publishes the root's address in its header round, so
+it has no ``expose``: its ``before`` holds the header round (and, on the root, the copy of
+its own block).
+
 Printed per rank: the median of each phase and of the whole call (this rank's), over the
 calls after the first fifth. The clock is ``time.perf_counter``, shared by the processes of
 one host, so the ranks' lines can be read side by side. It wraps three functions of
-trioring's internals (``_copies.expose``, ``read_peer`` and ``finish``) in timers, which
-adds well under a microsecond to each; the protocol itself is the real one.
+trioring's internals (``_copies.expose``, ``read_peer`` and ``finish``) in timers, which add
+a call and two clock reads to each; the protocol itself is the real one.
 """
 
 from __future__ import annotations

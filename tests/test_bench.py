@@ -139,6 +139,7 @@ def test_phases_script_runs(collective: str) -> None:
         "phases.py", 2, "--collective", collective, "--size", "64K", "--calls", "10"
     )
     for rank in (0, 1):
-        line = next(line for line in stdout.splitlines() if f"rank {rank}: {collective}" in line)
-        assert "by cma, world 2" in line, stdout
-        assert all(f"{phase} " in line for phase in ("before", "expose", "read", "finish")), line
+        lines = [line for line in stdout.splitlines() if f"rank {rank}: {collective}" in line]
+        assert len(lines) == 1, stdout
+        assert "by cma, world 2" in lines[0], stdout
+        assert all(f" {phase} " in lines[0] for phase in ("before", "expose", "read", "finish"))
