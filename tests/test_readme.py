@@ -5,25 +5,45 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).parent.parent
 
 
+#: Below pytest's 60 s limit, so that a run that stalls is reported with what its ranks
+#: printed (pytest-timeout discards it); the demo takes 3.5 s here on an idle machine.
+_LIMIT_SECONDS = 45
+
+
 def _run(script: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "trioring", "run", "-n", "4", "--transport", "unix", str(script)],
-        capture_output=True,
+    command = [sys.executable, "-m", "trioring", "run", "-n", "4", "--transport", "unix"]
+    with subprocess.Popen(
+        [*command, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=240,
         cwd=cwd,
         # With PYTHONUNBUFFERED, print() writes a line and its newline separately, so the
         # lines of ranks that share the launcher's pipe could interleave mid-line.
         env={k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"},
-        check=False,
-    )
+    ) as launcher:
+        try:
+            stdout, stderr = launcher.communicate(timeout=_LIMIT_SECONDS)
+        except subprocess.TimeoutExpired:
+            # Ctrl-C, as a user would: the launcher stops every rank and says which.
+            launcher.send_signal(signal.SIGINT)
+            try:
+                stdout, stderr = launcher.communicate(timeout=10)
+            except subprocess.TimeoutExpired:
+                launcher.kill()
+                stdout, stderr = launcher.communicate()
+            pytest.fail(f"{script.name} did not finish in {_LIMIT_SECONDS} s:\n{stdout}\n{stderr}")
+    return subprocess.CompletedProcess(launcher.args, launcher.returncode, stdout, stderr)
 
 
 def test_readme_usage_example(tmp_path: Path) -> None:
