@@ -1,8 +1,11 @@
-"""What the peers' workers (bench/_gloo_worker.py, bench/_mpi_worker.py) share: the
-iteration counts and warm-up of trioring bench (trioring/_bench.py), copied here rather than
+"""What the peers' workers (bench/_gloo_worker.py, bench/_mpi_worker.py,
+bench/_floor_worker.py) share: the iteration counts and warm-up of trioring bench
+(trioring/_bench.py), and the inputs of its copying collectives, copied here rather than
 imported, so that a peer's harness does not load the library it is compared with."""
 
 from __future__ import annotations
+
+import numpy as np
 
 
 def iterations(size: int) -> int:
@@ -17,3 +20,14 @@ def iterations(size: int) -> int:
 def warmup_iterations(count: int) -> int:
     """Untimed calls before the timed ones, as trioring bench's."""
     return max(3, count // 5)
+
+
+def rows(n: int, k: int) -> np.ndarray:
+    """Row i is ``i + 1``: every rank's block, as gathered (as trioring bench's)."""
+    return np.repeat(np.arange(1, n + 1, dtype=np.float32), k).reshape(n, k)
+
+
+def exchanged(n: int, k: int, source: int) -> np.ndarray:
+    """What rank ``source`` sends in an alltoall: block j is ``source * n + j + 1``."""
+    first = source * n + 1
+    return np.repeat(np.arange(first, first + n, dtype=np.float32), k).reshape(n, k)

@@ -29,22 +29,11 @@ import mpi4py
 mpi4py.rc.thread_level = "single"
 
 import numpy as np  # noqa: E402
-from _harness import iterations, warmup_iterations  # noqa: E402
+from _harness import exchanged, iterations, rows, warmup_iterations  # noqa: E402
 from mpi4py import MPI  # noqa: E402
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-
-
-def rows(n: int, k: int) -> np.ndarray:
-    """Row i is ``i + 1``: every rank's block, as gathered (as trioring bench's)."""
-    return np.repeat(np.arange(1, n + 1, dtype=np.float32), k).reshape(n, k)
-
-
-def exchanged(n: int, k: int, source: int) -> np.ndarray:
-    """What rank ``source`` sends in an alltoall: block j is ``source * n + j + 1``."""
-    first = source * n + 1
-    return np.repeat(np.arange(first, first + n, dtype=np.float32), k).reshape(n, k)
 
 
 def prepare(

@@ -19,8 +19,15 @@ Each block is a few untimed calls, then timed calls as ``trioring bench`` and
 bench/_mpi_worker.py make them (refill, time the call, check the result, an untimed barrier
 of the same library), counted as the slowest rank's time. Reported per cell: each side's
 median over the windows of its block medians, and the median (and range) over windows of
-the per-window ratio trioring / Open MPI. Every result of both sides is checked; a wrong
+the per-window ratio trioring / Open MPI. Every result of every side is checked; a wrong
 one fails the run.
+
+Cells of up to 256 KiB have a third side, timed in the same windows: the floor of trioring's
+shared-segment design (bench/_floor_worker.py), the same copies and reductions through a
+shared mapping with no event loop, no checks and no call identity (its untimed barrier is
+Open MPI's). Its ratio to Open MPI's time bounds what any Python library built that way
+could reach at that size here; the gap from it to trioring's time is what trioring's call
+costs above its copies.
 """
 
 from __future__ import annotations
@@ -56,17 +63,19 @@ def _timed(size: int) -> tuple[int, int]:
 
 
 def _rank(sizes: list[int], collectives: list[str], windows: int) -> None:
-    """One rank: both libraries, every cell, ``windows`` windows each."""
+    """One rank: both libraries and the floor, every cell, ``windows`` windows each."""
     sys.path.insert(0, str(HERE))
     import _mpi_worker  # sets mpi4py's thread level before MPI starts
     import numpy as np
     import trio
+    from _floor_worker import open_over, prepare as prepare_floor
     from mpi4py import MPI
 
     import trioring
     from trioring._bench_cases import CASES
 
     world = MPI.COMM_WORLD
+    segment = open_over(world)
 
     async def main() -> None:
         async with trioring.open_communicator() as comm:
@@ -80,12 +89,15 @@ def _rank(sizes: list[int], collectives: list[str], windows: int) -> None:
                     nbytes, reset, call, check = _mpi_worker.prepare(
                         world, collective, max(1, size // 4)
                     )
+                    floor = prepare_floor(segment, collective, max(1, size // 4))
                     untimed, timed = _timed(size)
-                    sides: dict[str, list[float]] = {"trioring": [], "mpi": []}
-                    bad = {"trioring": 0, "mpi": 0}
+                    names = ["trioring", "mpi"] + (["floor"] if floor is not None else [])
+                    sides: dict[str, list[float]] = {name: [] for name in names}
+                    bad = dict.fromkeys(names, 0)
                     for window in range(windows):
-                        order = ("trioring", "mpi") if window % 2 == 0 else ("mpi", "trioring")
-                        for side in order:
+                        # Each side goes first, second and last in turn.
+                        turn = window % len(names)
+                        for side in names[turn:] + names[:turn]:
                             times = np.zeros(timed)
                             for i in range(untimed + timed):
                                 if side == "trioring":
@@ -95,12 +107,21 @@ def _rank(sizes: list[int], collectives: list[str], windows: int) -> None:
                                     took = time.perf_counter() - start
                                     bad[side] += not ours.check(result)
                                     await comm.barrier()
-                                else:
+                                elif side == "mpi":
                                     reset()
                                     start = time.perf_counter()
                                     call()
                                     took = time.perf_counter() - start
                                     bad[side] += not check()
+                                    world.Barrier()
+                                else:
+                                    assert floor is not None
+                                    refill, floor_call, floor_check = floor
+                                    refill()
+                                    start = time.perf_counter()
+                                    floor_call()
+                                    took = time.perf_counter() - start
+                                    bad[side] += not floor_check()
                                     world.Barrier()
                                 if i >= untimed:
                                     times[i - untimed] = took
@@ -109,20 +130,21 @@ def _rank(sizes: list[int], collectives: list[str], windows: int) -> None:
                     for side, errors in bad.items():
                         if world.allreduce(errors, op=MPI.SUM):
                             wrong.append(f"{side} {collective} {nbytes} B")
-                    ratios = [t / m for t, m in zip(sides["trioring"], sides["mpi"], strict=True)]
-                    cells.append(
-                        {
-                            "collective": collective,
-                            "size": ours.nbytes,
-                            "world_size": comm.world_size,
-                            "trioring_us": statistics.median(sides["trioring"]),
-                            "mpi_us": statistics.median(sides["mpi"]),
-                            "ratio": statistics.median(ratios),
-                            "ratio_min": min(ratios),
-                            "ratio_max": max(ratios),
-                            "windows": {"trioring_us": sides["trioring"], "mpi_us": sides["mpi"]},
-                        }
-                    )
+                    cell: dict[str, Any] = {
+                        "collective": collective,
+                        "size": ours.nbytes,
+                        "world_size": comm.world_size,
+                        "windows": {f"{side}_us": times for side, times in sides.items()},
+                    }
+                    for side, times in sides.items():
+                        cell[f"{side}_us"] = statistics.median(times)
+                    for side, prefix in (("trioring", ""), ("floor", "floor_")):
+                        if side in sides:
+                            ratios = [t / m for t, m in zip(sides[side], sides["mpi"], strict=True)]
+                            cell[f"{prefix}ratio"] = statistics.median(ratios)
+                            cell[f"{prefix}ratio_min"] = min(ratios)
+                            cell[f"{prefix}ratio_max"] = max(ratios)
+                    cells.append(cell)
             if comm.rank == 0:
                 if wrong:
                     print("paired: wrong results: " + ", ".join(wrong), file=sys.stderr)
@@ -182,16 +204,23 @@ def main() -> None:
         f"(vader) in the same ranks; {args.windows} windows per cell"
     )
     header = (
-        "| collective | size | trioring (us) | MPI shm (us) | ratio, median of windows | range |"
+        "| collective | size | trioring (us) | MPI shm (us) | ratio, median of windows | range "
+        "| floor (us) | floor / MPI (range) |"
     )
     print(header if args.markdown else header.replace("|", " "))
     if args.markdown:
-        print("|---|---:|---:|---:|---:|---:|")
+        print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for cell in report["cells"]:
+        floor = (
+            f"{cell['floor_us']:.1f} | {cell['floor_ratio']:.2f} "
+            f"({cell['floor_ratio_min']:.2f}-{cell['floor_ratio_max']:.2f})"
+            if "floor_us" in cell
+            else " | "
+        )
         row = (
             f"| {cell['collective']} | {format_size(cell['size'])} | {cell['trioring_us']:.1f} | "
             f"{cell['mpi_us']:.1f} | {cell['ratio']:.2f} | "
-            f"{cell['ratio_min']:.2f}-{cell['ratio_max']:.2f} |"
+            f"{cell['ratio_min']:.2f}-{cell['ratio_max']:.2f} | {floor} |"
         )
         print(row if args.markdown else row.replace("|", " "))
 

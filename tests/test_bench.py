@@ -143,3 +143,21 @@ def test_phases_script_runs(collective: str) -> None:
         assert len(lines) == 1, stdout
         assert "by cma, world 2" in lines[0], stdout
         assert all(f" {phase} " in lines[0] for phase in ("before", "expose", "read", "finish"))
+
+
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_floor_worker_results(ranks: int) -> None:
+    """bench/_floor_worker.py, the floor that bench/paired.py times beside trioring and Open
+    MPI, is only a floor if it does the whole work: forked ranks run every collective at
+    three sizes (up to its 256 KiB slot), back to back, and it fails on any wrong result
+    or a rank that does not finish."""
+    script = Path(__file__).resolve().parents[1] / "bench" / "_floor_worker.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--check", str(ranks), "--seconds", "30"],
+        capture_output=True,
+        text=True,
+        timeout=45,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"world {ranks}: every result right" in result.stdout, result.stdout

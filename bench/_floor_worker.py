@@ -1,0 +1,339 @@
+"""The third side of bench/paired.py: trioring's shared-segment design with nothing else, the
+least any Python library built that way could take for a call of up to 256 KiB.
+
+bench/floor.py's limit is a 4-byte exchange. Above a few bytes the copies count too, so this
+is the same protocol trioring's segment runs for calls that fit its slots (see
+``trioring/_onehost/_shm_collectives.py`` and ``_copies.py``): every rank copies what its
+peers need into its own slot of a mapping shared by all, bumps its counter, waits (polling,
+``os.sched_yield`` between looks) until every peer's counter reached the same call, and
+copies or reduces what it needs out of the peers' slots with one numpy call per block, the
+same copies and reductions trioring's segment makes. Every rank waits for every rank in
+every call, as trioring's publication does (its mismatch checks need it). Slots alternate
+by the call's parity, as trioring's, so no "done" round is needed: a rank reaches call
+c + 2 only once every peer reached c + 1, that is, finished reading call c.
+
+Left out, against trioring: the Trio event loop and its schedule point per call, argument
+checks, the call's identity (which every rank compares), cancellation, failure detection,
+the decision table. It relies on x86-64's store order (a slot's data is visible before the
+counter that follows it), as trioring's segment does. The ranks run it between the other
+two sides' calls, with the same inputs, refills and checks as bench/_mpi_worker.py's.
+
+    .venv/bin/python bench/_floor_worker.py --check 3
+
+checks it without MPI: forked ranks over an anonymous shared mapping run every collective
+at a few sizes, back to back, and any wrong result fails (the tests run this).
+"""
+
+from __future__ import annotations
+
+import argparse
+import mmap
+import os
+import signal
+import sys
+import tempfile
+import time
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from _harness import exchanged, rows
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+#: The largest call (paired.py's size: what one rank sends or receives in all) the floor
+#: runs: trioring's segment slot, 256 KiB, above which trioring leaves the segment's slots.
+MAX_BYTES = 256 * 1024
+_LINE = 64  # one cache line per rank's counter
+_HEAD = 4096  # the counters' page; the slots follow
+
+
+def segment_bytes(n: int) -> int:
+    """The size of the mapping a world of ``n`` shares."""
+    if n * _LINE > _HEAD:
+        raise SystemExit(f"the floor runs up to {_HEAD // _LINE} ranks, not {n}")
+    return _HEAD + 2 * n * MAX_BYTES
+
+
+class Segment:
+    """Rank ``r``'s view of ``mapping`` (zeroed, :func:`segment_bytes` long, shared by the
+    ``n`` ranks): a counter per rank, and two slots (by the call's parity) of ``MAX_BYTES``
+    per rank. The mapping lives as long as the process: the prepared calls hold views of
+    it."""
+
+    def __init__(self, mapping: mmap.mmap, r: int, n: int) -> None:
+        self.n, self.r, self.calls = n, r, 0
+        self._counters = memoryview(mapping).cast("Q")
+        #: [parity] -> (n, MAX_BYTES // 4) float32: every rank's slot.
+        self.slots = np.frombuffer(mapping, np.float32, offset=_HEAD).reshape(2, n, -1)
+        self._mine = r * _LINE // 8
+        self._peers = [q * _LINE // 8 for q in range(n) if q != r]
+
+    def start(self) -> int:
+        """Begin a call: its slot parity."""
+        self.calls += 1
+        return self.calls & 1
+
+    def sync(self) -> None:
+        """Publish this rank's slot for the call, then wait until every peer has."""
+        counters, calls, yield_ = self._counters, self.calls, os.sched_yield
+        counters[self._mine] = calls
+        for at in self._peers:
+            while counters[at] < calls:
+                yield_()
+
+
+def open_over(comm: Any) -> Segment:
+    """A segment shared by the ranks of the MPI communicator ``comm`` (started by mpirun,
+    not forked: the mapping is a file in ``/dev/shm`` that rank 0 makes, and unlinks once
+    every rank has it open)."""
+    n, r = comm.Get_size(), comm.Get_rank()
+    nbytes = segment_bytes(n)
+    path = None
+    if r == 0:
+        where = "/dev/shm" if os.path.isdir("/dev/shm") else None
+        fd, path = tempfile.mkstemp(prefix="trioring-floor-", dir=where)
+        os.ftruncate(fd, nbytes)
+        os.close(fd)
+    path = comm.bcast(path, root=0)
+    with open(path, "r+b") as file:
+        mapping = mmap.mmap(file.fileno(), nbytes)
+    comm.Barrier()
+    if r == 0:
+        os.unlink(path)
+    return Segment(mapping, r, n)
+
+
+def prepare(
+    segment: Segment, collective: str, count: int
+) -> tuple[Callable[[], None], Callable[[], None], Callable[[], bool]] | None:
+    """(untimed refill, timed call, check of the result) of one cell, with
+    bench/_mpi_worker.py's inputs, root (n - 1) and expected results; None where the call
+    does not fit the slots."""
+    n, r, slots = segment.n, segment.r, segment.slots
+    k = max(1, count // n)
+    root = n - 1
+    total = n * (n + 1) / 2
+    start, sync = segment.start, segment.sync
+    if max(count, n * k) * 4 > MAX_BYTES:
+        return None
+
+    def nothing() -> None:
+        pass
+
+    if collective == "barrier":
+
+        def barrier() -> None:
+            start()
+            sync()
+
+        return nothing, barrier, lambda: True
+    if collective in ("allreduce", "broadcast", "reduce"):
+        array = np.empty(count, np.float32)
+        mine = [slots[p, r, :count] for p in (0, 1)]
+        everyone = [slots[p, :, :count] for p in (0, 1)]
+
+        def refill() -> None:
+            array.fill(r + 1)
+
+        if collective == "allreduce":
+
+            def allreduce() -> None:
+                p = start()
+                mine[p][...] = array
+                sync()
+                every = everyone[p]
+                np.add(every[0], every[1], out=array)
+                for q in range(2, n):
+                    np.add(array, every[q], out=array)
+
+            return refill, allreduce, lambda: bool(np.all(array == total))
+        if collective == "broadcast":
+
+            def broadcast() -> None:
+                p = start()
+                if r == root:
+                    mine[p][...] = array
+                    sync()
+                else:
+                    sync()
+                    array[...] = everyone[p][root]
+
+            return refill, broadcast, lambda: bool(np.all(array == n))
+
+        def reduce() -> None:
+            p = start()
+            if r != root:
+                mine[p][...] = array
+                sync()
+                return
+            sync()
+            every = everyone[p]
+            for q in range(n - 1):
+                np.add(array, every[q], out=array)
+
+        expected = total if r == root else r + 1
+        return refill, reduce, lambda: bool(np.all(array == expected))
+    if collective in ("allgather", "gather"):
+        x, out = np.full(k, r + 1, np.float32), np.empty((n, k), np.float32)
+        gathered = rows(n, k)
+        mine = [slots[p, r, :k] for p in (0, 1)]
+        blocks = [slots[p, :, :k] for p in (0, 1)]
+
+        def refill_out() -> None:
+            out.fill(0)
+
+        if collective == "allgather":
+
+            def allgather() -> None:
+                p = start()
+                mine[p][...] = x
+                sync()
+                out[...] = blocks[p]  # every row, this rank's own too, as trioring does
+
+            return refill_out, allgather, lambda: bool(np.array_equal(out, gathered))
+
+        def gather() -> None:
+            p = start()
+            if r != root:
+                mine[p][...] = x
+                sync()
+                return
+            sync()
+            out[:root] = blocks[p][:root]
+            out[root] = x
+
+        if r != root:
+            return nothing, gather, lambda: True
+        return refill_out, gather, lambda: bool(np.array_equal(out, gathered))
+    if collective == "scatter":
+        # The root's slot holds the other ranks' blocks in rank order (the root is last).
+        everything, received = rows(n, k), np.empty(k, np.float32)
+        others = [slots[p, root, : (n - 1) * k] for p in (0, 1)]
+        mine = [slots[p, root, r * k : (r + 1) * k] for p in (0, 1)]
+
+        def scatter() -> None:
+            p = start()
+            if r == root:
+                others[p][...] = everything[:root].reshape(-1)
+                sync()
+                received[...] = everything[root]
+            else:
+                sync()
+                received[...] = mine[p]
+
+        return (lambda: received.fill(0)), scatter, lambda: bool(np.all(received == r + 1))
+    if collective == "reduce_scatter":
+        x, out = np.full(n * k, r + 1, np.float32), np.empty(k, np.float32)
+        mine = [slots[p, r, : n * k] for p in (0, 1)]
+        own = [slots[p, :, r * k : (r + 1) * k] for p in (0, 1)]
+
+        def reduce_scatter() -> None:
+            p = start()
+            mine[p][...] = x
+            sync()
+            blocks = own[p]
+            np.add(blocks[0], blocks[1], out=out)
+            for q in range(2, n):
+                np.add(out, blocks[q], out=out)
+
+        return (lambda: out.fill(0)), reduce_scatter, lambda: bool(np.all(out == total))
+    if collective == "alltoall":
+        # Rank q's slot holds its blocks for the other ranks in rank order, as trioring's.
+        x, out = exchanged(n, k, r), np.empty((n, k), np.float32)
+        expected = np.stack([exchanged(n, k, q)[r] for q in range(n)])
+        below, above = x[:r].reshape(-1), x[r + 1 :].reshape(-1)
+        lower = [slots[p, r, : r * k] for p in (0, 1)]
+        upper = [slots[p, r, r * k : (n - 1) * k] for p in (0, 1)]
+        theirs = [
+            [
+                (q, slots[p, q, (r - (r > q)) * k : (r - (r > q) + 1) * k])
+                for q in range(n)
+                if q != r
+            ]
+            for p in (0, 1)
+        ]
+
+        def alltoall() -> None:
+            p = start()
+            lower[p][...] = below
+            upper[p][...] = above
+            sync()
+            out[r] = x[r]
+            for q, block in theirs[p]:
+                out[q] = block
+
+        return (lambda: out.fill(0)), alltoall, lambda: bool(np.array_equal(out, expected))
+    return None
+
+
+_COLLECTIVES = (
+    "barrier", "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "gather",
+    "scatter", "alltoall",
+)  # fmt: skip
+
+
+def _check_rank(mapping: mmap.mmap, r: int, n: int, calls: int) -> int:
+    """Rank ``r`` of the self-check: every collective at a few sizes, ``calls`` calls each
+    back to back; the exit status."""
+    segment = Segment(mapping, r, n)
+    for collective in _COLLECTIVES:
+        for count in (1, 3 * n + 1, MAX_BYTES // 4):
+            prepared = prepare(segment, collective, count)
+            if prepared is None:
+                print(f"floor: rank {r}: {collective} of {count} did not fit", flush=True)
+                return 1
+            refill, call, check = prepared
+            for _ in range(calls):
+                refill()
+                call()
+                if not check():
+                    print(f"floor: rank {r}: wrong {collective} of {count}", flush=True)
+                    return 1
+    return 0
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description="check the floor's results without MPI")
+    parser.add_argument("--check", type=int, required=True, metavar="N", help="world size")
+    parser.add_argument("--calls", type=int, default=20, help="calls per cell (default 20)")
+    parser.add_argument("--seconds", type=float, default=30.0, help="give up after (default 30)")
+    args = parser.parse_args()
+    n = args.check
+    mapping = mmap.mmap(-1, segment_bytes(n))  # anonymous and MAP_SHARED: the children share it
+    children = []
+    for r in range(n):
+        pid = os.fork()
+        if pid == 0:  # the rank
+            status = 1
+            try:
+                status = _check_rank(mapping, r, n, args.calls)
+            except BaseException as error:  # any failure ends the rank, and says why
+                print(f"floor: rank {r}: {error!r}", flush=True)
+            finally:
+                os._exit(status)
+        children.append(pid)
+    # A rank that fails leaves its peers waiting for its counter: stop them all then, or
+    # at the deadline.
+    deadline = time.monotonic() + args.seconds
+    failed = None
+    while children and failed is None:
+        for pid in list(children):
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                children.remove(pid)
+                if status:
+                    failed = f"a rank exited with status {status}"
+        if time.monotonic() > deadline and failed is None:
+            failed = f"the ranks did not finish within {args.seconds} s"
+        time.sleep(0.01)
+    for pid in children:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+    if failed:
+        sys.exit(f"floor: {failed}")
+    print(f"floor: world {n}: every result right", flush=True)
+
+
+if __name__ == "__main__":
+    main()
