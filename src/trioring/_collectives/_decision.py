@@ -152,6 +152,12 @@ CMA_MIN_BYTES = 512 * 1024
 #: few MiB at both worlds, lose below 1 MiB at world 4. Through the segment, at every size it
 #: takes: allgather 90-96 against 105-115 us at world 2, 270-285 against 341-392 at world 4;
 #: alltoall 82-85 against 108-120 (pairwise) at world 2, 336-373 against 667-769 at world 4.
+#: The slots against cma again, once cma read each peer's x in place (thresholds.py --each,
+#: forced, allgather, gather and alltoall at 64-256 KiB, world 2, ten launches): cma took
+#: 0.6-0.9 of the slots' time at 256 KiB in one stretch of the machine (bench/modes.py) and
+#: 1.2-2.4 times it at every size from 96 KiB in another, minutes later; at world 4 the
+#: slots won at 256 KiB-1 MiB in one launch and lost at 768 KiB in another. So the slots
+#: keep every call they fit.
 CMA_MIN_COPY_BYTES = 2 * 1024 * 1024
 #: Allgathers (and allgathervs) of up to this many bytes in all go by Bruck's algorithm
 #: (ceil(log2 n) rounds at any world size), larger ones by the ring (bandwidth-optimal, n-1
