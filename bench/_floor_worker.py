@@ -104,6 +104,13 @@ def open_over(comm: Any) -> Segment:
     return Segment(mapping, r, n)
 
 
+def _sum_rows(rows: np.ndarray, out: np.ndarray) -> None:
+    """``out`` = the sum of the (at least two) ``rows``, one numpy call per row."""
+    np.add(rows[0], rows[1], out=out)
+    for q in range(2, rows.shape[0]):
+        np.add(out, rows[q], out=out)
+
+
 def prepare(
     segment: Segment, collective: str, count: int
 ) -> tuple[Callable[[], None], Callable[[], None], Callable[[], bool]] | None:
@@ -142,10 +149,7 @@ def prepare(
                 p = start()
                 mine[p][...] = array
                 sync()
-                every = everyone[p]
-                np.add(every[0], every[1], out=array)
-                for q in range(2, n):
-                    np.add(array, every[q], out=array)
+                _sum_rows(everyone[p], array)
 
             return refill, allreduce, lambda: bool(np.all(array == total))
         if collective == "broadcast":
@@ -232,10 +236,7 @@ def prepare(
             p = start()
             mine[p][...] = x
             sync()
-            blocks = own[p]
-            np.add(blocks[0], blocks[1], out=out)
-            for q in range(2, n):
-                np.add(out, blocks[q], out=out)
+            _sum_rows(own[p], out)
 
         return (lambda: out.fill(0)), reduce_scatter, lambda: bool(np.all(out == total))
     if collective == "alltoall":

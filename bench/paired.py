@@ -90,8 +90,12 @@ def _rank(sizes: list[int], collectives: list[str], windows: int) -> None:
                         world, collective, max(1, size // 4)
                     )
                     floor = prepare_floor(segment, collective, max(1, size // 4))
+                    # The sides that are plain functions: (refill, call, check of the result).
+                    plain = {"mpi": (reset, call, check)}
+                    if floor is not None:
+                        plain["floor"] = floor
                     untimed, timed = _timed(size)
-                    names = ["trioring", "mpi"] + (["floor"] if floor is not None else [])
+                    names = ["trioring", *plain]
                     sides: dict[str, list[float]] = {name: [] for name in names}
                     bad = dict.fromkeys(names, 0)
                     for window in range(windows):
@@ -107,22 +111,14 @@ def _rank(sizes: list[int], collectives: list[str], windows: int) -> None:
                                     took = time.perf_counter() - start
                                     bad[side] += not ours.check(result)
                                     await comm.barrier()
-                                elif side == "mpi":
-                                    reset()
-                                    start = time.perf_counter()
-                                    call()
-                                    took = time.perf_counter() - start
-                                    bad[side] += not check()
-                                    world.Barrier()
                                 else:
-                                    assert floor is not None
-                                    refill, floor_call, floor_check = floor
+                                    refill, plain_call, plain_check = plain[side]
                                     refill()
                                     start = time.perf_counter()
-                                    floor_call()
+                                    plain_call()
                                     took = time.perf_counter() - start
-                                    bad[side] += not floor_check()
-                                    world.Barrier()
+                                    bad[side] += not plain_check()
+                                    world.Barrier()  # the floor's too: it has none of its own
                                 if i >= untimed:
                                     times[i - untimed] = took
                             world.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)
