@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -152,12 +154,20 @@ def test_floor_worker_results(ranks: int) -> None:
     three sizes (up to its 256 KiB slot), back to back, and it fails on any wrong result
     or a rank that does not finish."""
     script = Path(__file__).resolve().parents[1] / "bench" / "_floor_worker.py"
-    result = subprocess.run(
+    # Its own session, so that if the script itself overruns, its forked ranks (which poll
+    # forever for a peer that never comes) go down with it.
+    process = subprocess.Popen(
         [sys.executable, str(script), "--check", str(ranks), "--seconds", "30"],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=45,
-        check=False,
+        start_new_session=True,
     )
-    assert result.returncode == 0, result.stdout + result.stderr
-    assert f"world {ranks}: every result right" in result.stdout, result.stdout
+    try:
+        stdout, stderr = process.communicate(timeout=45)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        pytest.fail(f"the floor's self-check overran its own deadline:\n{stdout}{stderr}")
+    assert process.returncode == 0, stdout + stderr
+    assert f"world {ranks}: every result right" in stdout, stdout
