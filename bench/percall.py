@@ -95,7 +95,7 @@ async def main(size: int, calls: int) -> None:
             t4 = clock()
             await shm.shm_wait(world, spec)
             t5 = clock()
-            shm._reduce_rows(world, (parity, x.dtype, 0, size), rows, x, np.add, False)
+            shm._reduce_rows(world, (parity, x.dtype, 0, size, -1), rows, x, np.add, False)
             shm.shm_done(world, spec)
             t6 = clock()
             if comm._waits.count == waits:

@@ -90,3 +90,32 @@ def test_plan_never_works_in_place_and_reads_every_row_once(n: int) -> None:
         row_reads += sum(np.shares_memory(x, rows) for x in (a, b))
     assert row_reads == n
     assert planned(rows, np.add).tolist() == [n * (n + 1) / 2]
+
+
+@pytest.mark.parametrize("n", WORLD_SIZES)
+@pytest.mark.parametrize(("dtype", "ufunc"), [("float32", np.add), ("float64", np.multiply)])
+def test_a_reduce_root_reads_its_own_array_where_it_lies(
+    n: int, dtype: str, ufunc: np.ufunc
+) -> None:
+    """A reduce's root (any rank) leaves its slot row unwritten and gives its own array as
+    both its leaf and the result: the plan never reads that row, and the result is bitwise
+    the allreduce's, where the leaf meets the top of the tree in place included."""
+    rows = inputs(n, 1000, dtype)
+    expected = planned(rows, ufunc).tobytes()
+    scratch = np.zeros(reduce_temporaries(n) * rows.nbytes // n, np.uint8)
+    world = World(rank=0, size=n, links={}, chunk_bytes=scratch.nbytes, scratch=scratch)
+    for own in range(n):
+        slots = rows.copy()
+        slots[own] = np.nan  # what the root no longer writes there
+        mine = rows[own].copy()
+        steps = _reduce_plan(world, slots, own).steps
+        assert sum(x is None for a, b, _ in steps for x in (a, b)) == 1
+        assert not any(x is not None and np.shares_memory(x, slots[own]) for s in steps for x in s)
+        with np.errstate(all="ignore"):
+            for a, b, into in steps:
+                ufunc(
+                    mine if a is None else a,
+                    mine if b is None else b,
+                    out=mine if into is None else into,
+                )
+        assert mine.tobytes() == expected, (n, own)

@@ -2,9 +2,11 @@
 
 ``python shm_worker.py SCENARIO OUT_DIR INDEX [ARGS...]`` (see _worker_util). Scenarios:
 
-- ``exact``: allreduces of every supported op over seeded inputs of 0 to 1024 elements and
-  five dtypes, each checked bitwise against recursive doubling's order of operations computed
-  here with numpy; broadcasts from every root; barriers. Records the features in use.
+- ``exact``: allreduces, and with the segment reduces (from every root) and
+  reduce_scatters, of every supported op over seeded inputs of 0 to 1024 elements (per
+  block) and five dtypes, each checked bitwise against recursive doubling's order of
+  operations computed here with numpy; broadcasts from every root; barriers. Records the
+  features in use.
 - ``late``: rank 1 enters each call only after ``WAIT`` seconds, so the others' waits park
   (past the polling phase); results are checked.
 - ``busy``: rank 1 enters a barrier only once rank 0's other task has run 100 times while
@@ -89,6 +91,26 @@ async def scenario_exact(reporter: Reporter, comm: trioring.Communicator, args: 
                 if array.tobytes() != expected.tobytes():
                     errors.append(f"allreduce {op} {dtype}[{count}]: {array[:4]} != {expected[:4]}")
                 array[...] = 0  # overwritten at once: a peer still reading it would see it
+                if "shm" not in comm.features:
+                    continue  # the sockets' reduce and reduce_scatter add in other orders
+                for root in range(n):
+                    # The root reads its own array where it lies (real dtypes: in place at
+                    # the top of the tree where its leaf meets it): still the same bits.
+                    array = mine[rank].copy()
+                    await comm.reduce(array, root=root, op=op)
+                    calls += 1
+                    want = expected if rank == root else mine[rank]
+                    if array.tobytes() != want.tobytes():
+                        errors.append(f"reduce {op} root {root} {dtype}[{count}] on rank {rank}")
+                    array[...] = 0
+                # Each rank's own block is read from its input, the peers' from their slots.
+                whole = [inputs(seed + 1000, q, n * count, dtype) for q in range(n)]
+                block = await comm.reduce_scatter(whole[rank], op=op)
+                calls += 1
+                want = doubling_order(whole, op)[rank * count : (rank + 1) * count]
+                if block.tobytes() != want.tobytes():
+                    errors.append(f"reduce_scatter {op} {dtype}[{n}x{count}] on rank {rank}")
+                whole[rank][...] = 0
             for root in range(n):
                 array = inputs(seed, rank, count, dtype)
                 await comm.broadcast(array, root=root)

@@ -35,8 +35,9 @@ class World:
     #: The shared segment for small collectives, when every rank agreed at opening to use
     #: one (see _shm); None otherwise.
     shm: SharedSlots | None = None
-    #: The views of recent shared-memory allreduces, per (parity, dtype, count).
-    shm_plans: dict[tuple[int, np.dtype, int, int], ReducePlan] = attrs.field(factory=dict)
+    #: The plans of recent shared-memory reductions, per (parity, dtype, first and end
+    #: column, the row read from the caller's input or -1).
+    shm_plans: dict[tuple[int, np.dtype, int, int, int], ReducePlan] = attrs.field(factory=dict)
     #: The collective whose wait on the segment is in a checkpoint, and the sequence words
     #: of the peers that had not published it then; left as they are when a cancellation
     #: ends the wait there, to name those peers (see :func:`awaited_ranks`).

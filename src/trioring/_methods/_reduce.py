@@ -50,9 +50,9 @@ class ReduceMethods(CommunicatorCore):
 
         Algorithm: on one host with a shared segment (``"shm"`` in :attr:`features`), an
         input of up to :meth:`allreduce`'s share of the segment (at most ``SHM_MAX_BYTES``)
-        goes through it: every rank publishes its input, then reduces its own block of every
-        rank's in the order of the shared-memory allreduce (recursive doubling's tree over
-        the ranks); a larger input streams through the segment's pipe, rank r reducing its
+        goes through it: every rank publishes its input (less its own block, which no peer
+        reads), then reduces its own block of every rank's in the order of the
+        shared-memory allreduce (recursive doubling's tree over the ranks); a larger input streams through the segment's pipe, rank r reducing its
         block of the others' inputs, streamed to it chunk by chunk from ranks r - 1, r - 2,
         ... in turn, into its own. Without a segment, above ``CMA_MIN_REDUCE_SCATTER_BYTES``
         with cross-memory attach (``"cma"``), rank r reads its block of every peer's input
@@ -139,10 +139,10 @@ class ReduceMethods(CommunicatorCore):
           its children's partial results, ``((x_v op P_(v+1)) op P_(v+2)) op P_(v+4)
           ...``; the root divides a mean by ``world_size`` once.
         - through the shared segment (on one host, with ``"shm"`` in :attr:`features`, up
-          to :meth:`allreduce`'s share of the segment): every rank publishes its array and
-          the root reduces them all in the shared-memory allreduce's order (recursive
-          doubling's tree over the ranks, bitwise :meth:`allreduce`'s result); the root
-          divides a mean once.
+          to :meth:`allreduce`'s share of the segment): every other rank publishes its
+          array and the root reduces them and its own in the shared-memory allreduce's
+          order (recursive doubling's tree over the ranks, bitwise :meth:`allreduce`'s
+          result); the root divides a mean once.
         - through the segment's pipe (on one host with a segment, larger arrays), or by
           cross-memory attach (without a segment, at world 3 and more, above
           ``CMA_MIN_COPY_BYTES``): as :meth:`reduce_scatter` by the same path, each rank
