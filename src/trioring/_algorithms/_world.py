@@ -43,6 +43,10 @@ class World:
     #: ends the wait there, to name those peers (see :func:`awaited_ranks`).
     shm_waiting: OpSpec | None = None
     shm_late: list[int] = attrs.field(factory=list)
+    #: The largest array the segment's reductions take here, once worked out (see
+    #: ``_collectives._allreduce.shm_bytes``); -1 until then. Asking costs a reduce_scatter
+    #: of 4 bytes at world 2 about 1 us a call when worked out every time.
+    slot_reduce_bytes: int = attrs.field(default=-1, init=False)
     _scratch_view: tuple[np.dtype, int, np.ndarray, memoryview] | None = None
     #: One element of any dtype, for one-element reductions (see recursive doubling).
     _spare: np.ndarray[tuple[int], np.dtype[np.uint8]] = attrs.field(

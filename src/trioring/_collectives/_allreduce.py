@@ -98,8 +98,13 @@ def check(array: object, op: object) -> tuple[np.ndarray[Any, Any], ReduceOp]:
 def shm_bytes(world: World) -> int:
     """The largest array the shared-memory allreduce takes: its slot, and the scratch that
     its reduction needs (see _onehost._shm_collectives.reduce_temporaries)."""
-    temporaries = _shm_collectives.reduce_temporaries(world.size)
-    return min(_shm.SHM_MAX_BYTES, world.scratch.nbytes // temporaries)
+    limit = world.slot_reduce_bytes
+    if limit < 0:
+        temporaries = _shm_collectives.reduce_temporaries(world.size)
+        limit = world.slot_reduce_bytes = min(
+            _shm.SHM_MAX_BYTES, world.scratch.nbytes // temporaries
+        )
+    return limit
 
 
 def unrunnable(name: str, world: World, nbytes: int) -> str | None:

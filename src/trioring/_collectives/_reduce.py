@@ -72,7 +72,7 @@ def check_reduce_scatter(
     else:
         result_flat = check_out(out, flat.dtype, block, flat)
         result = out  # type: ignore[assignment]  # checked to be an ndarray
-    bounds = [i * block for i in range(world_size + 1)]
+    bounds = list(range(0, total + 1, block)) if block else [0] * (world_size + 1)
     return flat, reduce_op, result, result_flat, bounds
 
 
