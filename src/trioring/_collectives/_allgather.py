@@ -43,9 +43,9 @@ if TYPE_CHECKING:
 __all__ = ["body", "body_v", "check", "check_v", "plan_allgather", "plan_allgatherv", "unrunnable"]
 
 #: The algorithms that start from this rank's block in place, by the name that the decision
-#: table and forcing use; "cma" starts from ``x`` itself (see :func:`_allgather_into`).
-_IN_PLACE = {
-    "shm": _copies.shm_allgather,
+#: table and forcing use; "cma" and "shm" start from ``x`` itself (see
+#: :func:`_allgather_into`).
+_IN_PLACE: dict[str, Callable[[World, OpSpec, np.ndarray, Sequence[int]], Awaitable[None]]] = {
     "pipe": _pipe.pipe_allgather,
     "bruck": _algorithms.bruck_allgather,
     "recursive_doubling": _algorithms.recursive_doubling_allgather,
@@ -155,6 +155,9 @@ async def _allgather_into(
     it; every other algorithm starts from it in place."""
     if name == "cma":
         await _copies.cma_allgather(world, spec, gathered, bounds, flat)
+        return
+    if name == "shm":
+        await _copies.shm_allgather(world, spec, gathered, bounds, flat)
         return
     _place(flat, gathered, bounds, world.rank)
     await _IN_PLACE[name](world, spec, gathered, bounds)
