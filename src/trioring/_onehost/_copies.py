@@ -92,15 +92,8 @@ async def shm_gather(
     """Every rank's ``flat`` into root's ``gathered`` (``in_place``: the root's ``flat`` is
     its block of it already). The root writes nothing into its slot, which no one reads,
     and copies its own block straight from ``flat``: one copy of it fewer."""
-    slots = world.shm
-    assert slots is not None
     n, r, count = world.size, world.rank, flat.shape[0]
-    rows = slots.rows(spec.seq & 1, flat.dtype, count)
-    await shm_claim(world, spec)
-    if r != root:
-        rows[r] = flat
-    shm_publish(world, spec, flat.nbytes)
-    await shm_wait(world, spec)
+    _, rows = await shm_exchange(world, spec, flat, write=r != root)
     if r == root:
         assert gathered is not None
         into = gathered.reshape(n, count)

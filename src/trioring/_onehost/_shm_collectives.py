@@ -265,17 +265,22 @@ async def _shm_check_links(world: World, spec: OpSpec, late: list[int], target: 
     raise link.protocol_error(spec, "sent a frame during a shared-memory collective")
 
 
-async def shm_exchange(world: World, spec: OpSpec, flat: np.ndarray) -> tuple[int, np.ndarray]:
+async def shm_exchange(
+    world: World, spec: OpSpec, flat: np.ndarray, *, write: bool = True
+) -> tuple[int, np.ndarray]:
     """Publish ``flat`` (at most a slot) as this rank's part of ``spec``'s call and wait for
-    every peer's: the first half of every collective in which all ranks write their slot.
+    every peer's: the first half of every collective in which ranks write their slot.
     Returns the slot parity and every rank's payload as ``(n, flat.size)`` rows; the caller
-    reads what it needs, then calls :func:`shm_done`."""
+    reads what it needs, then calls :func:`shm_done`. ``write`` False leaves ``flat`` out
+    of this rank's slot, for a rank whose payload no peer reads (a gather's or a reduce's
+    root): the publication still carries the call, and its size."""
     slots = world.shm
     assert slots is not None
     parity = spec.seq & 1
     rows = slots.rows(parity, flat.dtype, flat.shape[0])
     await shm_claim(world, spec)
-    rows[world.rank] = flat
+    if write:
+        rows[world.rank] = flat
     shm_publish(world, spec, flat.nbytes)
     await shm_wait(world, spec)
     return parity, rows
@@ -474,17 +479,9 @@ async def shm_reduce(
     element the same either way. At world 2, in two runs of ``bench/paired.py`` alternating with
     the code before, 64 KiB took 21.9-22.8 us against 24.9-25.6, 256 KiB 37.3-37.6 against
     40.8-41.3."""
-    slots = world.shm
-    assert slots is not None
-    r, count = world.rank, flat.shape[0]
-    parity = spec.seq & 1
-    rows = slots.rows(parity, flat.dtype, count)
     own = root if flat.dtype.kind != "c" else -1
-    await shm_claim(world, spec)
-    if r != own:
-        rows[r] = flat
-    shm_publish(world, spec, flat.nbytes)
-    await shm_wait(world, spec)
-    if r == root:
-        _reduce_rows(world, (parity, flat.dtype, 0, count, own), rows, flat, reduce, divide, flat)
+    parity, rows = await shm_exchange(world, spec, flat, write=world.rank != own)
+    if world.rank == root:
+        key = (parity, flat.dtype, 0, flat.shape[0], own)
+        _reduce_rows(world, key, rows, flat, reduce, divide, flat)
     shm_done(world, spec)
