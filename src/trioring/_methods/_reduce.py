@@ -52,12 +52,13 @@ class ReduceMethods(CommunicatorCore):
         input of up to :meth:`allreduce`'s share of the segment (at most ``SHM_MAX_BYTES``)
         goes through it: every rank publishes its input (less its own block, which no peer
         reads), then reduces its own block of every rank's in the order of the
-        shared-memory allreduce (recursive doubling's tree over the ranks); a larger input streams through the segment's pipe, rank r reducing its
-        block of the others' inputs, streamed to it chunk by chunk from ranks r - 1, r - 2,
-        ... in turn, into its own. Without a segment, above ``CMA_MIN_REDUCE_SCATTER_BYTES``
-        with cross-memory attach (``"cma"``), rank r reads its block of every peer's input
-        directly (peers r + 1, r + 2, ...). Otherwise, up to ``SMALL_REDUCE_SCATTER_BYTES`` (and one chunk), recursive halving:
-        ``log2 p`` exchanges of halves of the array (p the largest power of two <= n, and two
+        shared-memory allreduce (recursive doubling's tree over the ranks); a larger input
+        streams through the segment's pipe, rank r reducing its block of the others'
+        inputs, streamed to it chunk by chunk from ranks r - 1, r - 2, ... in turn, into its
+        own. Without a segment, above ``CMA_MIN_REDUCE_SCATTER_BYTES`` with cross-memory
+        attach (``"cma"``), rank r reads its block of every peer's input directly (peers
+        r + 1, r + 2, ...). Otherwise, up to ``SMALL_REDUCE_SCATTER_BYTES`` (and one chunk),
+        recursive halving: ``log2 p`` exchanges of halves of the array (p the largest power of two <= n, and two
         more steps when n is not one), in an order fixed by n (see the algorithms page);
         scratch: a copy of the array. Above, ring reduce-scatter: n-1 steps, each rank
         sending and receiving ``(n-1)/n`` of the array, streamed in chunks; scratch: one

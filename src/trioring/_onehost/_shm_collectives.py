@@ -476,9 +476,9 @@ async def shm_reduce(
     root's array in place where its leaf meets the top of the tree, and numpy's in-place
     loops for complex numbers can round differently from its out-of-place ones (seen with
     complex64 products, see :func:`_reduce_plan`); real and integer arithmetic rounds each
-    element the same either way. At world 2, in two runs of ``bench/paired.py`` alternating with
-    the code before, 64 KiB took 21.9-22.8 us against 24.9-25.6, 256 KiB 37.3-37.6 against
-    40.8-41.3."""
+    element the same either way. At world 2 (``bench/paired.py``, runs alternating with the
+    code before) 64 KiB took 21.9-22.8 us against 24.9-25.6 (two runs), 256 KiB 37.3-37.6
+    against 40.8-41.3 (two runs)."""
     own = root if flat.dtype.kind != "c" else -1
     parity, rows = await shm_exchange(world, spec, flat, write=world.rank != own)
     if world.rank == root:
