@@ -89,7 +89,8 @@ RANK_SCRIPT = textwrap.dedent(
         while True:
             try:
                 state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
-            except FileNotFoundError:
+            except (FileNotFoundError, ProcessLookupError):
+                # Reaped before the open, or between the open and the read (ESRCH).
                 return
             if state == "Z":
                 return
@@ -403,7 +404,7 @@ def test_echoing_rank_is_not_the_first_failure_while_its_culprit_runs(job: Job) 
     was not stopped: it exited with its own status."""
     plan = {"default": "block", "0": "echo:2", "2": "exit:3", "after_exit_of": "0"}
     status, stderr, _ = job.run(job.argv(4, plan, "--grace", "20"))
-    assert status == 3
+    assert status == 3, stderr
     assert stderr == echo_line(0, 2) + (
         "trioring run: rank 2 exited with code 3 (first failure); rank 0 failed because of "
         "it; terminated ranks 1, 3\n"
