@@ -129,7 +129,7 @@ def _alive(pid: int, marker: str) -> bool:
         return False
     try:
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except FileNotFoundError:
+    except (FileNotFoundError, ProcessLookupError):  # gone before the open, or during it
         return False
     return marker.encode() in cmdline
 
