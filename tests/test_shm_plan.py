@@ -33,15 +33,30 @@ def inputs(n: int, count: int, dtype: str) -> np.ndarray[Any, Any]:
     return rows.astype(dtype)
 
 
-def planned(rows: np.ndarray[Any, Any], ufunc: np.ufunc) -> np.ndarray[Any, Any]:
-    """``rows`` reduced by the segment's plan, with exactly the scratch it claims to need."""
+def planned(
+    rows: np.ndarray[Any, Any],
+    ufunc: np.ufunc,
+    own: int = -1,
+    mine: np.ndarray[Any, Any] | None = None,
+) -> np.ndarray[Any, Any]:
+    """``rows`` reduced by the segment's plan, with exactly the scratch it claims to need;
+    with ``own``, as a reduce's root does: row ``own`` is never read, ``mine`` stands for it
+    and takes the result (in place)."""
     n, count = rows.shape
     scratch = np.zeros(reduce_temporaries(n) * rows.nbytes // n, np.uint8)
     world = World(rank=0, size=n, links={}, chunk_bytes=scratch.nbytes, scratch=scratch)
-    out = np.empty(count, rows.dtype)
+    out = np.empty(count, rows.dtype) if mine is None else mine
+    steps = _reduce_plan(world, rows, own).steps
+    if own >= 0:
+        assert sum(x is None for a, b, _ in steps for x in (a, b)) == 1
+        assert not any(x is not None and np.shares_memory(x, rows[own]) for s in steps for x in s)
     with np.errstate(all="ignore"):
-        for a, b, into in _reduce_plan(world, rows).steps:
-            ufunc(a, b, out=out if into is None else into)
+        for a, b, into in steps:
+            ufunc(
+                mine if a is None else a,
+                mine if b is None else b,
+                out=out if into is None else into,
+            )
     return out
 
 
@@ -102,20 +117,8 @@ def test_a_reduce_root_reads_its_own_array_where_it_lies(
     the allreduce's, where the leaf meets the top of the tree in place included."""
     rows = inputs(n, 1000, dtype)
     expected = planned(rows, ufunc).tobytes()
-    scratch = np.zeros(reduce_temporaries(n) * rows.nbytes // n, np.uint8)
-    world = World(rank=0, size=n, links={}, chunk_bytes=scratch.nbytes, scratch=scratch)
     for own in range(n):
         slots = rows.copy()
         slots[own] = np.nan  # what the root no longer writes there
-        mine = rows[own].copy()
-        steps = _reduce_plan(world, slots, own).steps
-        assert sum(x is None for a, b, _ in steps for x in (a, b)) == 1
-        assert not any(x is not None and np.shares_memory(x, slots[own]) for s in steps for x in s)
-        with np.errstate(all="ignore"):
-            for a, b, into in steps:
-                ufunc(
-                    mine if a is None else a,
-                    mine if b is None else b,
-                    out=mine if into is None else into,
-                )
-        assert mine.tobytes() == expected, (n, own)
+        result = planned(slots, ufunc, own, rows[own].copy())
+        assert result.tobytes() == expected, (n, own)

@@ -201,7 +201,7 @@ class Communicator(
         if name is None:
             name = _decision.allreduce(
                 nbytes,
-                self._shm_allreduce_bytes if world.shm is not None else -1,
+                world.slot_reduce_bytes if world.shm is not None else -1,
                 world.peer_pids is not None,
                 self._small_allreduce_bytes,
             )

@@ -122,8 +122,10 @@ class CommunicatorCore:
             chunk_bytes=chunk_bytes,
             scratch=_aligned_scratch(chunk_bytes if world_size > 1 else 0),
         )
-        # The decision table's limits that depend on this world, worked out once.
-        self._shm_allreduce_bytes = _allreduce.shm_bytes(self._world)
+        # The decision table's limits that depend on this world, worked out once: the
+        # segment's reductions' (kept on the world as slot_reduce_bytes, where the reduce
+        # family's planners find it too) and recursive doubling's.
+        _allreduce.shm_bytes(self._world)
         self._small_allreduce_bytes = min(
             _decision.SMALL_ALLREDUCE_BYTES, self._world.scratch.nbytes
         )

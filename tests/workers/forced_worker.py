@@ -98,7 +98,15 @@ async def main(mode: str, out_dir: Path) -> int:
             if mode == "all":
                 # The last but one fills the shared segment's slot with float32 (up to 256 KiB
                 # at worlds 2-4): the mid-size path through the segment.
-                sizes = (0, 1, n - 1, 2 * n + 1, 1023, comm._shm_allreduce_bytes // 4 - 1, 300_001)
+                sizes = (
+                    0,
+                    1,
+                    n - 1,
+                    2 * n + 1,
+                    1023,
+                    comm._world.slot_reduce_bytes // 4 - 1,
+                    300_001,
+                )
                 for name in _decision.ALGORITHMS["allreduce"]:
                     feature = "shm" if name == "pipe" else name
                     if feature in ("shm", "cma") and feature not in features:
@@ -106,7 +114,7 @@ async def main(mode: str, out_dir: Path) -> int:
                     comm._force_algorithm("allreduce", name)
                     allreduce_sizes = (*sizes, RING_WRAPPING) if name == "pipe" else sizes
                     for i, count in enumerate(allreduce_sizes):
-                        if name == "shm" and count * 8 > comm._shm_allreduce_bytes:
+                        if name == "shm" and count * 8 > comm._world.slot_reduce_bytes:
                             continue
                         if name == "recursive_doubling" and count * 8 > 1024 * 1024:
                             continue
@@ -137,7 +145,7 @@ async def main(mode: str, out_dir: Path) -> int:
                     comm._force_algorithm("allreduce", "shm")
                     seq = comm.seq
                     try:
-                        too_large = comm._shm_allreduce_bytes // 8 + 1
+                        too_large = comm._world.slot_reduce_bytes // 8 + 1
                         await comm.allreduce(np.zeros(too_large, np.float64))
                     except trioring.InvalidArgumentError:
                         pass

@@ -115,7 +115,7 @@ async def bitwise(comm: trioring.Communicator, errors: list[str]) -> None:
             for dtype_name in BITWISE_DTYPES:
                 dtype = np.dtype(dtype_name)
                 nbytes = count * dtype.itemsize
-                if name == "shm" and nbytes > comm._shm_allreduce_bytes:
+                if name == "shm" and nbytes > comm._world.slot_reduce_bytes:
                     continue
                 if name == "recursive_doubling" and nbytes > 1024 * 1024:
                     continue

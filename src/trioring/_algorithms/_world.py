@@ -44,8 +44,9 @@ class World:
     shm_waiting: OpSpec | None = None
     shm_late: list[int] = attrs.field(factory=list)
     #: The largest array the segment's reductions take here, once worked out (see
-    #: ``_collectives._allreduce.shm_bytes``); -1 until then. Asking costs a reduce_scatter
-    #: of 4 bytes at world 2 about 1 us a call when worked out every time.
+    #: ``_collectives._allreduce.shm_bytes``, which a communicator calls when it is made);
+    #: -1 until then. Worked out on every call, it cost a 4-byte reduce_scatter at world 2
+    #: about 1 us.
     slot_reduce_bytes: int = attrs.field(default=-1, init=False)
     _scratch_view: tuple[np.dtype, int, np.ndarray, memoryview] | None = None
     #: One element of any dtype, for one-element reductions (see recursive doubling).
