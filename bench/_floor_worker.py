@@ -36,10 +36,11 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import trio
 from _harness import exchanged, rows
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable, Iterator
 
 #: The largest call (paired.py's size: what one rank sends or receives in all) the floor
 #: runs: trioring's segment slot, 256 KiB, above which trioring leaves the segment's slots.
@@ -82,6 +83,52 @@ class Segment:
             while counters[at] < calls:
                 yield_()
 
+    async def scheduled_sync(self) -> bool:
+        """:meth:`sync` with the one schedule point a Trio call owes, taken as trioring's
+        segment takes it: as the first look of a wait that must wait (the peers catch up
+        meanwhile). Whether it took it (if not, the caller takes it after the call)."""
+        counters, calls, yield_ = self._counters, self.calls, os.sched_yield
+        counters[self._mine] = calls
+        scheduled = False
+        for at in self._peers:
+            if counters[at] < calls and not scheduled:
+                scheduled = True
+                await trio.lowlevel.checkpoint()
+            while counters[at] < calls:
+                yield_()
+        return scheduled
+
+
+def plain(segment: Segment, steps: Callable[[], Iterator[None]]) -> Callable[[], None]:
+    """The floor's call: ``steps`` (a generator function that yields once, where every rank
+    publishes its slot and waits for every peer's, see :func:`prepare`) with
+    :meth:`Segment.sync` where it yields."""
+    sync = segment.sync
+
+    def call() -> None:
+        for _ in steps():
+            sync()
+
+    return call
+
+
+def scheduled(
+    segment: Segment, steps: Callable[[], Iterator[None]]
+) -> Callable[[], Awaitable[None]]:
+    """The floor's call as a Trio-native one must at least be: one schedule point per call,
+    as the first look of its wait (:meth:`Segment.scheduled_sync`), or after the call where
+    it did not wait. No checks, identity, cancellation or failure detection besides."""
+    sync = segment.scheduled_sync
+
+    async def call() -> None:
+        took = False
+        for _ in steps():
+            took = await sync()
+        if not took:
+            await trio.lowlevel.cancel_shielded_checkpoint()
+
+    return call
+
 
 def open_over(comm: Any) -> Segment:
     """A segment shared by the ranks of the MPI communicator ``comm`` (started by mpirun,
@@ -113,15 +160,15 @@ def _sum_rows(rows: np.ndarray, out: np.ndarray) -> None:
 
 def prepare(
     segment: Segment, collective: str, count: int
-) -> tuple[Callable[[], None], Callable[[], None], Callable[[], bool]] | None:
-    """(untimed refill, timed call, check of the result) of one cell, with
+) -> tuple[Callable[[], None], Callable[[], Iterator[None]], Callable[[], bool]] | None:
+    """(untimed refill, the call's steps, check of the result) of one cell, with
     bench/_mpi_worker.py's inputs, root (n - 1) and expected results; None where the call
-    does not fit the slots."""
+    does not fit the slots. :func:`plain` and :func:`scheduled` make the steps a call."""
     n, r, slots = segment.n, segment.r, segment.slots
     k = max(1, count // n)
     root = n - 1
     total = n * (n + 1) / 2
-    start, sync = segment.start, segment.sync
+    start = segment.start
     if max(count, n * k) * 4 > MAX_BYTES:
         return None
 
@@ -130,9 +177,9 @@ def prepare(
 
     if collective == "barrier":
 
-        def barrier() -> None:
+        def barrier() -> Iterator[None]:
             start()
-            sync()
+            yield
 
         return nothing, barrier, lambda: True
     if collective in ("allreduce", "broadcast", "reduce"):
@@ -145,33 +192,33 @@ def prepare(
 
         if collective == "allreduce":
 
-            def allreduce() -> None:
+            def allreduce() -> Iterator[None]:
                 p = start()
                 mine[p][...] = array
-                sync()
+                yield
                 _sum_rows(everyone[p], array)
 
             return refill, allreduce, lambda: bool(np.all(array == total))
         if collective == "broadcast":
 
-            def broadcast() -> None:
+            def broadcast() -> Iterator[None]:
                 p = start()
                 if r == root:
                     mine[p][...] = array
-                    sync()
+                    yield
                 else:
-                    sync()
+                    yield
                     array[...] = everyone[p][root]
 
             return refill, broadcast, lambda: bool(np.all(array == n))
 
-        def reduce() -> None:
+        def reduce() -> Iterator[None]:
             p = start()
             if r != root:
                 mine[p][...] = array
-                sync()
+                yield
                 return
-            sync()
+            yield
             every = everyone[p]
             for q in range(n - 1):
                 np.add(array, every[q], out=array)
@@ -189,21 +236,21 @@ def prepare(
 
         if collective == "allgather":
 
-            def allgather() -> None:
+            def allgather() -> Iterator[None]:
                 p = start()
                 mine[p][...] = x
-                sync()
+                yield
                 out[...] = blocks[p]  # every row, this rank's own too, as trioring does
 
             return refill_out, allgather, lambda: bool(np.array_equal(out, gathered))
 
-        def gather() -> None:
+        def gather() -> Iterator[None]:
             p = start()
             if r != root:
                 mine[p][...] = x
-                sync()
+                yield
                 return
-            sync()
+            yield
             out[:root] = blocks[p][:root]
             out[root] = x
 
@@ -216,14 +263,14 @@ def prepare(
         others = [slots[p, root, : (n - 1) * k] for p in (0, 1)]
         mine = [slots[p, root, r * k : (r + 1) * k] for p in (0, 1)]
 
-        def scatter() -> None:
+        def scatter() -> Iterator[None]:
             p = start()
             if r == root:
                 others[p][...] = everything[:root].reshape(-1)
-                sync()
+                yield
                 received[...] = everything[root]
             else:
-                sync()
+                yield
                 received[...] = mine[p]
 
         return (lambda: received.fill(0)), scatter, lambda: bool(np.all(received == r + 1))
@@ -232,10 +279,10 @@ def prepare(
         mine = [slots[p, r, : n * k] for p in (0, 1)]
         own = [slots[p, :, r * k : (r + 1) * k] for p in (0, 1)]
 
-        def reduce_scatter() -> None:
+        def reduce_scatter() -> Iterator[None]:
             p = start()
             mine[p][...] = x
-            sync()
+            yield
             _sum_rows(own[p], out)
 
         return (lambda: out.fill(0)), reduce_scatter, lambda: bool(np.all(out == total))
@@ -255,11 +302,11 @@ def prepare(
             for p in (0, 1)
         ]
 
-        def alltoall() -> None:
+        def alltoall() -> Iterator[None]:
             p = start()
             lower[p][...] = below
             upper[p][...] = above
-            sync()
+            yield
             out[r] = x[r]
             for q, block in theirs[p]:
                 out[q] = block
@@ -276,22 +323,30 @@ _COLLECTIVES = (
 
 def _check_rank(mapping: mmap.mmap, r: int, n: int, calls: int) -> int:
     """Rank ``r`` of the self-check: every collective at a few sizes, ``calls`` calls each
-    back to back; the exit status."""
+    back to back, plain then under Trio with its schedule point; the exit status."""
     segment = Segment(mapping, r, n)
-    for collective in _COLLECTIVES:
-        for count in (1, 3 * n + 1, MAX_BYTES // 4):
-            prepared = prepare(segment, collective, count)
-            if prepared is None:
-                print(f"floor: rank {r}: {collective} of {count} did not fit", flush=True)
-                return 1
-            refill, call, check = prepared
-            for _ in range(calls):
-                refill()
-                call()
-                if not check():
-                    print(f"floor: rank {r}: wrong {collective} of {count}", flush=True)
+
+    async def check_all() -> int:
+        for collective in _COLLECTIVES:
+            for count in (1, 3 * n + 1, MAX_BYTES // 4):
+                prepared = prepare(segment, collective, count)
+                if prepared is None:
+                    print(f"floor: rank {r}: {collective} of {count} did not fit", flush=True)
                     return 1
-    return 0
+                refill, steps, check = prepared
+                call, call_scheduled = plain(segment, steps), scheduled(segment, steps)
+                for i in range(2 * calls):
+                    refill()
+                    if i < calls:
+                        call()
+                    else:
+                        await call_scheduled()
+                    if not check():
+                        print(f"floor: rank {r}: wrong {collective} of {count}", flush=True)
+                        return 1
+        return 0
+
+    return trio.run(check_all)
 
 
 def main() -> None:
