@@ -130,6 +130,25 @@ def test_percall_script_runs() -> None:
         assert f"rank {rank}: phases" in stdout, stdout
 
 
+@pytest.mark.parametrize("collective", ["broadcast", "reduce"])
+def test_critical_path_script_runs(collective: str) -> None:
+    """bench/critical_path.py wraps the shared segment's steps in timers: a short run keeps
+    it in step with them (and checks the results, which it does on every call). Every mark
+    of a broadcast and a reduce is met on both ranks, and none is lost to the barrier
+    between calls, which goes through the same steps."""
+    stdout = _run_bench_script(
+        "critical_path.py", 2, "--collective", collective, "--size", "64K", "--calls", "20"
+    )
+    marks = ("start", "run", "claim>", "claim<", "publish>", "publish<", "wait>", "wait<")
+    for rank in (0, 1):
+        lines = [line for line in stdout.splitlines() if f"rank {rank}: {collective}" in line]
+        assert len(lines) == 1, stdout
+        assert all(f" {mark} " in lines[0] for mark in (*marks, "done")), lines[0]
+        fields = lines[0].split("the later start: ")[1].split()
+        times = {fields[i]: float(fields[i + 1]) for i in range(0, len(fields), 2)}
+        assert times["claim>"] <= times["claim<"] <= times["publish>"] <= times["wait<"], times
+
+
 @pytest.mark.parametrize("collective", ["allgather", "gather", "scatter", "alltoall"])
 def test_phases_script_runs(collective: str) -> None:
     """bench/phases.py wraps three functions of the cross-memory attach path in timers: a
