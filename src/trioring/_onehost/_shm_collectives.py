@@ -52,6 +52,18 @@ __all__ = [
 #: parks: parked, it sleeps in the event loop until a peer's store wakes it through this
 #: rank's eventfd (see SharedSlots.wake_parked), a system call on each side.
 SHM_SPIN_SECONDS = 0.001
+#: How often a wait that polls asks Trio whether other tasks are runnable (to let them run),
+#: where each rank has a core of its own: the question (``current_statistics()``) takes
+#: 1.6 us here, where a look takes about 0.3 (``sched_yield`` and a load). Asked every
+#: fourth look, as before, it took half of a long wait's time and made the wait end late: a
+#: 256 KiB broadcast at world 2, whose other rank waits out the root's copy, took 33.8-34.9
+#: us against 30.7-31.5 asking every 10 us (25 us: 30.5-30.6), a 256 KiB reduce 38.0-38.3
+#: against 33.6-34.9 (``bench/thresholds.py broadcast shm 64K,256K 7 --each``, runs
+#: alternating with the code before; 64 KiB within the spread). With more ranks than cores
+#: a wait asks every fourth look still: asking less often, its looks came faster and each
+#: yielded the core to a rank with nothing to do either, and at world 4 on 2 cores a 64 KiB
+#: allreduce took 145.6-149.5 us against 128.0-132.7.
+_SPIN_ASK_SECONDS = 10e-6
 #: How long a parked wait sleeps at most before it looks at the segment again. A store can
 #: miss the park: x86 lets each side's load of the other's word pass its own earlier store,
 #: so a peer may store its word and read no park while this rank parks and reads the old
@@ -184,6 +196,8 @@ async def _shm_poll(world: World, spec: OpSpec, late: list[int], target: int = 0
     deadline = start + max(SHM_SPIN_SECONDS, any_link.spin_seconds)
     slice_end = start + SPIN_SLICE_SECONDS
     statistics = trio.lowlevel.current_statistics
+    ask_every = 0.0 if slots.oversubscribed else _SPIN_ASK_SECONDS
+    ask_at = start + ask_every
     tries = 0
     while True:
         # The first look after a yield: most waits end here, often because the yield let
@@ -195,9 +209,16 @@ async def _shm_poll(world: World, spec: OpSpec, late: list[int], target: int = 0
         now = time.perf_counter()
         if now >= deadline:
             break
+        # Asking Trio for its statistics costs several looks: see _SPIN_ASK_SECONDS.
         tries += 1
-        # Asking Trio for its statistics costs several yields, so only every 4th look.
-        if now >= slice_end or (tries % 4 == 0 and statistics().tasks_runnable):
+        if ask_every:
+            others = now >= ask_at
+            if others:
+                ask_at = now + ask_every
+                others = statistics().tasks_runnable > 0
+        else:
+            others = tries % 4 == 0 and statistics().tasks_runnable > 0
+        if now >= slice_end or others:
             await _shm_check_links(world, spec, late, seq)
             waits.count += 1
             # Who is late is noted only before a checkpoint, the one place a cancellation
