@@ -56,10 +56,10 @@ SHM_SPIN_SECONDS = 0.001
 #: where each rank has a core of its own: the question (``current_statistics()``) takes
 #: 1.6 us here, where a look takes about 0.3 (``sched_yield`` and a load). Asked every
 #: fourth look, as before, it took half of a long wait's time and made the wait end late: a
-#: 256 KiB broadcast at world 2, whose other rank waits out the root's copy, took 33.8-34.9
-#: us against 30.7-31.5 asking every 10 us (25 us: 30.5-30.6), a 256 KiB reduce 38.0-38.3
-#: against 33.6-34.9 (``bench/thresholds.py broadcast shm 64K,256K 7 --each``, runs
-#: alternating with the code before; 64 KiB within the spread). With more ranks than cores
+#: 256 KiB broadcast at world 2, whose other rank waits out the root's copy, took 33.5-34.9
+#: us against 30.7-32.5 asking every 10 us (25 us: 30.5-30.6), a 256 KiB reduce 37.2-38.3
+#: against 33.6-36.1 (``bench/thresholds.py broadcast shm 64K,256K 7 --each``, seven and
+#: five launches alternating with the code before; 64 KiB within the spread). With more ranks than cores
 #: a wait asks every fourth look still: asking less often, its looks came faster and each
 #: yielded the core to a rank with nothing to do either, and at world 4 on 2 cores a 64 KiB
 #: allreduce took 145.6-149.5 us against 128.0-132.7.
