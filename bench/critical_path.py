@@ -32,19 +32,17 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import trio
+from phases import Timeline
 
 import trioring
 from trioring._bench import format_size, parse_sizes
 from trioring._bench_cases import CASES
 from trioring._core import CommunicatorCore
 from trioring._onehost import _shm_collectives as shm
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
 
 MARKS = (
     "start", "run", "claim>", "claim<", "publish>", "publish<", "wait>", "wait<", "done", "end",
@@ -53,21 +51,10 @@ MARKS = (
 COLLECTIVES = ("barrier", "broadcast", "allreduce", "reduce", "reduce_scatter")
 
 
-def _install(marks: dict[str, float]) -> None:
+def _install(timeline: Timeline) -> None:
     """Wrap the segment's steps (and the call machinery's entry) in timers that write into
-    ``marks``: the first entry and the last exit of each, per call."""
-    clock = time.perf_counter
-
-    def timed_async(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
-        async def wrapper(*args: Any, **kwargs: Any) -> Any:
-            marks.setdefault(name + ">", clock())
-            try:
-                return await function(*args, **kwargs)
-            finally:
-                marks[name + "<"] = clock()
-
-        return wrapper
-
+    ``timeline.marks``: the first entry and the last exit of each, per call."""
+    clock, marks = time.perf_counter, timeline.marks
     publish, done, run = shm.shm_publish, shm.shm_done, CommunicatorCore._run
 
     def timed_publish(*args: Any, **kwargs: Any) -> None:
@@ -83,16 +70,17 @@ def _install(marks: dict[str, float]) -> None:
         marks.setdefault("run", clock())
         await run(self, *args, **kwargs)
 
-    shm.shm_claim = timed_async("claim", shm.shm_claim)
-    shm.shm_wait = timed_async("wait", shm.shm_wait)
+    shm.shm_claim = timeline.timed("claim", shm.shm_claim)
+    shm.shm_wait = timeline.timed("wait", shm.shm_wait)
     shm.shm_publish = timed_publish
     shm.shm_done = timed_done
     CommunicatorCore._run = timed_run  # type: ignore[method-assign]
 
 
 async def main(collective: str, size: int, calls: int) -> None:
-    marks: dict[str, float] = {}
-    _install(marks)
+    timeline = Timeline()
+    _install(timeline)
+    marks = timeline.marks
     async with trioring.open_communicator() as comm:
         if "shm" not in comm.features:
             raise SystemExit(f"critical_path.py needs the shared segment: {comm.features!r}")

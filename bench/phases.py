@@ -51,8 +51,9 @@ PHASES = ("before", "expose", "read", "finish", "after")
 COLLECTIVES = ("allgather", "gather", "scatter", "alltoall")
 
 
-class _Timeline:
-    """The timestamps of the current call, by name (``read`` may come several times)."""
+class Timeline:
+    """The timestamps of the current call, by name (``read`` may come several times); also
+    bench/critical_path.py's timers."""
 
     def __init__(self) -> None:
         self.marks: dict[str, float] = {}
@@ -74,7 +75,7 @@ class _Timeline:
 
 
 async def main(collective: str, size: int, calls: int) -> None:
-    timeline = _Timeline()
+    timeline = Timeline()
     _copies.expose = timeline.timed("expose", _copies.expose)  # type: ignore[assignment]
     _copies.read_peer = timeline.timed("read", _copies.read_peer)  # type: ignore[assignment]
     _copies.finish = timeline.timed("finish", _copies.finish)  # type: ignore[assignment]

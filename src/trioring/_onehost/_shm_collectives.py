@@ -287,20 +287,32 @@ async def _shm_check_links(world: World, spec: OpSpec, late: list[int], target: 
 
 
 async def shm_exchange(
-    world: World, spec: OpSpec, flat: np.ndarray, *, write: bool = True
+    world: World,
+    spec: OpSpec,
+    flat: np.ndarray,
+    *,
+    write: bool = True,
+    unread: tuple[int, int] | None = None,
 ) -> tuple[int, np.ndarray]:
     """Publish ``flat`` (at most a slot) as this rank's part of ``spec``'s call and wait for
     every peer's: the first half of every collective in which ranks write their slot.
     Returns the slot parity and every rank's payload as ``(n, flat.size)`` rows; the caller
-    reads what it needs, then calls :func:`shm_done`. ``write`` False leaves ``flat`` out
-    of this rank's slot, for a rank whose payload no peer reads (a gather's or a reduce's
-    root): the publication still carries the call, and its size."""
+    reads what it needs, then calls :func:`shm_done`. What no peer reads stays out of this
+    rank's slot: all of ``flat`` with ``write`` False (a gather's or a reduce's root), its
+    elements ``[lo, hi)`` with ``unread`` (a reduce_scatter's own block). The publication
+    still carries the call, and its size."""
     slots = world.shm
     assert slots is not None
     parity = spec.seq & 1
     rows = slots.rows(parity, flat.dtype, flat.shape[0])
     await shm_claim(world, spec)
-    if write:
+    if unread is not None:
+        lo, hi = unread
+        if lo:
+            rows[world.rank, :lo] = flat[:lo]
+        if hi < flat.shape[0]:
+            rows[world.rank, hi:] = flat[hi:]
+    elif write:
         rows[world.rank] = flat
     shm_publish(world, spec, flat.nbytes)
     await shm_wait(world, spec)
@@ -458,19 +470,9 @@ async def shm_reduce_scatter(
     peers read go there: 1/n of the copy in fewer. At world 2, in two runs of
     ``bench/paired.py`` alternating with the code before, 256 KiB took 36.5-36.7 us against
     38.5-38.6 (64 KiB: 26.5-27.1 against 27.2-27.3)."""
-    slots = world.shm
-    assert slots is not None
     r = world.rank
-    parity = spec.seq & 1
     lo, hi = bounds[r], bounds[r + 1]
-    rows = slots.rows(parity, flat.dtype, flat.shape[0])
-    await shm_claim(world, spec)
-    if lo:
-        rows[r, :lo] = flat[:lo]
-    if hi < flat.shape[0]:
-        rows[r, hi:] = flat[hi:]
-    shm_publish(world, spec, flat.nbytes)
-    await shm_wait(world, spec)
+    parity, rows = await shm_exchange(world, spec, flat, unread=(lo, hi))
     mine = flat[lo:hi]
     if world.size == 1:
         out[...] = mine
