@@ -20,12 +20,20 @@ a call through the slots changes hands (src/trioring/_onehost/_shm_collectives.p
 ``done``      this rank has finished reading the peers' slots (a copy out or a reduction
               lies between ``wait<`` and here)
 ``end``       the call has returned, its schedule point taken if the wait did not take it
+``point``     (``>`` ``<``) the call's one schedule point (a Trio checkpoint): the first look
+              of a wait that had to wait, or the one the call takes before it returns
 
 The clock is ``time.perf_counter``, one for the processes of a host, so the ranks' marks
 are comparable: every mark is printed as the median, over the calls after the first fifth,
 of its time from the later rank's ``start`` in that call. It wraps the segment's functions
-in timers, which add a call and a clock read or two to each; the protocol is the real one.
-Rank 0 prints every rank's line.
+(and Trio's two checkpoints) in timers, which add a call and a clock read or two to each;
+the protocol is the real one. Rank 0 prints every rank's line; then, per rank, how long
+after the call's last publication (on any rank) its wait ended, median and 10th-90th
+percentiles over the calls (medians of marks taken apart hide this where the rank that
+starts last changes from call to call, as with more ranks than cores); and what the
+schedule point took on each rank (median and 90th percentile), next to a checkpoint of the
+same rank in a loop of nothing else, timed the same way: the difference is what a
+checkpoint costs amid a call's other code.
 """
 
 from __future__ import annotations
@@ -46,6 +54,7 @@ from trioring._onehost import _shm_collectives as shm
 
 MARKS = (
     "start", "run", "claim>", "claim<", "publish>", "publish<", "wait>", "wait<", "done", "end",
+    "point>", "point<",
 )  # fmt: skip
 #: The collectives whose ``shm`` algorithm goes through the functions timed here.
 COLLECTIVES = ("barrier", "broadcast", "allreduce", "reduce", "reduce_scatter")
@@ -70,6 +79,11 @@ def _install(timeline: Timeline) -> None:
         marks.setdefault("run", clock())
         await run(self, *args, **kwargs)
 
+    # The segment's wait and the call machinery look these up in trio.lowlevel at each call.
+    trio.lowlevel.checkpoint = timeline.timed("point", trio.lowlevel.checkpoint)
+    trio.lowlevel.cancel_shielded_checkpoint = timeline.timed(
+        "point", trio.lowlevel.cancel_shielded_checkpoint
+    )
     shm.shm_claim = timeline.timed("claim", shm.shm_claim)
     shm.shm_wait = timeline.timed("wait", shm.shm_wait)
     shm.shm_publish = timed_publish
@@ -101,7 +115,18 @@ async def main(collective: str, size: int, calls: int) -> None:
             await comm.barrier()
         if wrong:
             raise SystemExit(f"rank {comm.rank}: {wrong} wrong results")
+        # The same checkpoint through the same timer, in a loop of nothing else.
+        alone = np.empty(calls)
+        for call in range(calls):
+            marks.clear()
+            await trio.lowlevel.checkpoint()
+            alone[call] = marks["point<"] - marks["point>"]
+        points = timeline[:, MARKS.index("point<")] - timeline[:, MARKS.index("point>")]
+        point = np.nanpercentile(points[calls // 5 :], [50, 90]) * 1e6
+        loop = np.percentile(alone[calls // 5 :], [50, 90]) * 1e6
+        summary = np.array([*point, *loop])
         everyone = await comm.allgather(timeline[calls // 5 :])
+        summaries = await comm.allgather(summary)
         if comm.rank != 0:
             return
         # Each call's zero: the later rank's start (the ranks leave the barrier apart).
@@ -117,6 +142,25 @@ async def main(collective: str, size: int, calls: int) -> None:
             print(
                 f"rank {rank}: {collective} {label} world {comm.world_size}, median us from "
                 "the later start: " + "  ".join(medians),
+                flush=True,
+            )
+        ends = everyone[:, :, MARKS.index("wait<")] - np.max(
+            everyone[:, :, MARKS.index("publish<")], axis=0
+        )
+        starts = everyone[:, :, MARKS.index("start")]
+        spread = np.median(np.max(starts, axis=0) - np.min(starts, axis=0)) * 1e6
+        print(f"the ranks started {spread:.1f} us apart (median over the calls)", flush=True)
+        for rank, after in enumerate(ends * 1e6):
+            p10, median, p90 = np.nanpercentile(after, [10, 50, 90])
+            print(
+                f"rank {rank}: its wait ended {median:.1f} us ({p10:.1f}-{p90:.1f}) after the "
+                "call's last publication",
+                flush=True,
+            )
+        for rank, (median, p90, loop_median, loop_p90) in enumerate(summaries):
+            print(
+                f"rank {rank}: the schedule point took {median:.1f} us (p90 {p90:.1f}) in the "
+                f"call, {loop_median:.1f} (p90 {loop_p90:.1f}) in a loop of checkpoints",
                 flush=True,
             )
 

@@ -135,7 +135,8 @@ def test_critical_path_script_runs(collective: str) -> None:
     """bench/critical_path.py wraps the shared segment's steps in timers: a short run keeps
     it in step with them (and checks the results, which it does on every call). Every mark
     of a broadcast and a reduce is met on both ranks, and none is lost to the barrier
-    between calls, which goes through the same steps."""
+    between calls, which goes through the same steps. Each call's one schedule point is
+    timed too (in its wait or before it returns), and the per-rank summaries are printed."""
     stdout = _run_bench_script(
         "critical_path.py", 2, "--collective", collective, "--size", "64K", "--calls", "20"
     )
@@ -143,10 +144,14 @@ def test_critical_path_script_runs(collective: str) -> None:
     for rank in (0, 1):
         lines = [line for line in stdout.splitlines() if f"rank {rank}: {collective}" in line]
         assert len(lines) == 1, stdout
-        assert all(f" {mark} " in lines[0] for mark in (*marks, "done")), lines[0]
+        assert all(f" {mark} " in lines[0] for mark in (*marks, "done", "point>")), lines[0]
         fields = lines[0].split("the later start: ")[1].split()
         times = {fields[i]: float(fields[i + 1]) for i in range(0, len(fields), 2)}
         assert times["claim>"] <= times["claim<"] <= times["publish>"] <= times["wait<"], times
+        assert times["point>"] <= times["point<"] <= times["end"], times
+        assert f"rank {rank}: its wait ended " in stdout, stdout
+        assert f"rank {rank}: the schedule point took " in stdout, stdout
+    assert "the ranks started " in stdout, stdout
 
 
 @pytest.mark.parametrize("collective", ["allgather", "gather", "scatter", "alltoall"])
