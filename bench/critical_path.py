@@ -21,7 +21,9 @@ a call through the slots changes hands (src/trioring/_onehost/_shm_collectives.p
               lies between ``wait<`` and here)
 ``end``       the call has returned, its schedule point taken if the wait did not take it
 ``point``     (``>`` ``<``) the call's one schedule point (a Trio checkpoint): the first look
-              of a wait that had to wait, or the one the call takes before it returns
+              of a wait that had to wait, or the one the call takes before it returns (a
+              wait long enough to take more spans from the first one's start to the last
+              one's end)
 
 The clock is ``time.perf_counter``, one for the processes of a host, so the ranks' marks
 are comparable: every mark is printed as the median, over the calls after the first fifth,
