@@ -113,6 +113,15 @@ def _run_bench_script(name: str, ranks: int, *args: str) -> str:
     return result.stdout
 
 
+def test_reuse_script_runs() -> None:
+    """bench/reuse.py, briefly: both ways run, every result is checked (a wrong one exits
+    non-zero), and rank 0 reports each size."""
+    stdout = _run_bench_script("reuse.py", 2, "--sizes", "4K,1M", "--calls", "6")
+    for size in ("4K", "1M"):
+        line = f"allgather {size}, world 2: new array "
+        assert any(line in row and " us, out= " in row for row in stdout.splitlines()), stdout
+
+
 def test_imbalance_script_runs() -> None:
     """bench/imbalance.py, briefly: it runs and its results are right."""
     stdout = _run_bench_script(

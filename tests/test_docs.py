@@ -190,6 +190,31 @@ def test_halo_exchange_example_under_trioring_run(tmp_path: Path) -> None:
     assert result.stdout.splitlines() == documented
 
 
+def test_bucketing_example_under_trioring_run(tmp_path: Path) -> None:
+    """The how-to's flat buffer: one allreduce of it gives every rank, bit for bit, what one
+    allreduce per array gives, at several world sizes (a world of one included), and the
+    page shows the output at 4. Its timing option runs too (its numbers are not checked:
+    speed is the benchmarks' business)."""
+    for n in (1, 2, 3, 4):
+        result = _run_on_unix("bucketing.py", n, tmp_path)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "one allreduce gives what 48 allreduces give: True" in result.stdout.splitlines()
+    documented = _documented_output_of(DOCS / "how-to" / "speed.md", "bucketing.py")
+    assert result.stdout.splitlines() == documented
+    timed = _run(
+        *("-m", "trioring", "run", "-n", "2", "--no-tag-output"),
+        str(EXAMPLES / "bucketing.py"),
+        "--time",
+        cwd=tmp_path,
+    )
+    assert timed.returncode == 0, timed.stdout + timed.stderr
+    lines = timed.stdout.splitlines()
+    for way in ("one call per array", "one call in all"):
+        assert any(
+            line.startswith(f"{way}: ") and line.endswith(" us (median of 50)") for line in lines
+        ), lines
+
+
 def test_work_queue_example_under_trioring_run(tmp_path: Path) -> None:
     """The how-to's work queue does every task once, whichever worker takes it, with one
     worker and with more workers than tasks, and prints what the page shows at 4."""
@@ -357,6 +382,7 @@ def test_every_example_is_tested() -> None:
         "halo_exchange.py",
         "work_queue.py",
         "groups.py",
+        "bucketing.py",
     }
     assert {path.name for path in EXAMPLES.glob("*.py")} == tested
 
