@@ -165,6 +165,17 @@ def _run_on_unix(script: str, n: int, cwd: Path) -> subprocess.CompletedProcess[
     )
 
 
+def _check_on_unix(script: str, worlds: tuple[int, ...], line: str, how_to: str, cwd: Path) -> None:
+    """``script`` under :func:`_run_on_unix` at each of ``worlds``: it exits 0 and prints
+    ``line``, and at the last world prints exactly what the how-to page ``how_to`` shows."""
+    for n in worlds:
+        result = _run_on_unix(script, n, cwd)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert line in result.stdout.splitlines(), result.stdout
+    documented = _documented_output_of(DOCS / "how-to" / how_to, script)
+    assert result.stdout.splitlines() == documented
+
+
 def test_pipeline_example_under_trioring_run(tmp_path: Path) -> None:
     """The how-to's pipeline: micro-batches of 128 KiB (rendezvous messages) pass through
     every stage and come back to rank 0 in order, equal to the one-process computation, at
@@ -182,12 +193,13 @@ def test_pipeline_example_under_trioring_run(tmp_path: Path) -> None:
 def test_halo_exchange_example_under_trioring_run(tmp_path: Path) -> None:
     """The how-to's halo exchange gives the one-process result bit for bit at every world
     size that divides the domain, a world of one (sends to itself) included."""
-    for n in (1, 2, 3, 4):
-        result = _run_on_unix("halo_exchange.py", n, tmp_path)
-        assert result.returncode == 0, result.stdout + result.stderr
-        assert "same as one process, bit for bit: True" in result.stdout.splitlines()
-    documented = _documented_output_of(DOCS / "how-to" / "send-recv.md", "halo_exchange.py")
-    assert result.stdout.splitlines() == documented
+    _check_on_unix(
+        "halo_exchange.py",
+        (1, 2, 3, 4),
+        "same as one process, bit for bit: True",
+        "send-recv.md",
+        tmp_path,
+    )
 
 
 def test_bucketing_example_under_trioring_run(tmp_path: Path) -> None:
@@ -195,12 +207,13 @@ def test_bucketing_example_under_trioring_run(tmp_path: Path) -> None:
     allreduce per array gives, at several world sizes (a world of one included), and the
     page shows the output at 4. Its timing option runs too (its numbers are not checked:
     speed is the benchmarks' business)."""
-    for n in (1, 2, 3, 4):
-        result = _run_on_unix("bucketing.py", n, tmp_path)
-        assert result.returncode == 0, result.stdout + result.stderr
-        assert "one allreduce gives what 48 allreduces give: True" in result.stdout.splitlines()
-    documented = _documented_output_of(DOCS / "how-to" / "speed.md", "bucketing.py")
-    assert result.stdout.splitlines() == documented
+    _check_on_unix(
+        "bucketing.py",
+        (1, 2, 3, 4),
+        "one allreduce gives what 48 allreduces give: True",
+        "speed.md",
+        tmp_path,
+    )
     timed = _run(
         *("-m", "trioring", "run", "-n", "2", "--no-tag-output"),
         str(EXAMPLES / "bucketing.py"),
