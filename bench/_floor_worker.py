@@ -15,8 +15,9 @@ c + 2 only once every peer reached c + 1, that is, finished reading call c.
 Left out, against trioring: the Trio event loop and its schedule point per call, argument
 checks, the call's identity (which every rank compares), cancellation, failure detection,
 the decision table. :func:`scheduled` puts the first two back (and nothing else): the same
-steps as a Trio call that takes the one schedule point it owes where trioring takes it. It relies on x86-64's store order (a slot's data is visible before the
-counter that follows it), as trioring's segment does. The ranks run it between the other
+steps as a Trio call that takes the one schedule point it owes where trioring takes it. It
+relies on x86-64's store order (a slot's data is visible before the counter that follows
+it), as trioring's segment does. The ranks run it between the other
 two sides' calls, with the same inputs, refills and checks as bench/_mpi_worker.py's.
 
     .venv/bin/python bench/_floor_worker.py --check 3

@@ -255,13 +255,13 @@ def _paired(
         return "", None, "", ""
     text = f"{cell['ratio']:.2f} ({cell['ratio_min']:.2f}-{cell['ratio_max']:.2f})"
     floor = f"{cell['floor_us']:.1f} ({cell['floor_ratio']:.2f})" if "floor_us" in cell else ""
-    trio = (
+    scheduled = (
         f"{cell['floor_trio_us']:.1f} ({cell['floor_trio_ratio']:.2f}; "
         f"{cell['floor_trio_ratio_min']:.2f}-{cell['floor_trio_ratio_max']:.2f})"
         if "floor_trio_us" in cell
         else ""
     )
-    return text, cell["ratio"], floor, trio
+    return text, cell["ratio"], floor, scheduled
 
 
 def _met(ratio: float, limit: float) -> str:

@@ -59,10 +59,10 @@ SHM_SPIN_SECONDS = 0.001
 #: 256 KiB broadcast at world 2, whose other rank waits out the root's copy, took 33.5-34.9
 #: us against 30.7-32.5 asking every 10 us (25 us: 30.5-30.6), a 256 KiB reduce 37.2-38.3
 #: against 33.6-36.1 (``bench/thresholds.py broadcast shm 64K,256K 7 --each``, seven and
-#: five launches alternating with the code before; 64 KiB within the spread). With more ranks than cores
-#: a wait asks every fourth look still: asking less often, its looks came faster and each
-#: yielded the core to a rank with nothing to do either, and at world 4 on 2 cores a 64 KiB
-#: allreduce took 145.6-149.5 us against 128.0-132.7.
+#: five launches alternating with the code before; 64 KiB within the spread). With more
+#: ranks than cores a wait asks every fourth look still: asking less often, its looks came
+#: faster and each yielded the core to a rank with nothing to do either, and at world 4 on
+#: 2 cores a 64 KiB allreduce took 145.6-149.5 us against 128.0-132.7.
 _SPIN_ASK_SECONDS = 10e-6
 #: How long a parked wait sleeps at most before it looks at the segment again. A store can
 #: miss the park: x86 lets each side's load of the other's word pass its own earlier store,
