@@ -161,6 +161,8 @@ class CollectiveError(TrioringError):
     #: reason, reporter), and whether the news was about this very rank.
     _trioring_abort: tuple[int, int, str, int] | None = None
     _trioring_about_self: bool = False
+    #: For a lost connection: it ended between two frames, without an abort frame.
+    _trioring_clean_close: bool = False
 
 
 @final

@@ -5,6 +5,7 @@ goes wrong into the precise :class:`~trioring.CollectiveError`."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import time
 from typing import TYPE_CHECKING, NoReturn, final
@@ -39,6 +40,8 @@ if TYPE_CHECKING:
 SMALL_FRAME = 64 * 1024
 # How long a rank whose send failed looks for the abort frame that may explain it.
 _PENDING_ABORT_SECONDS = 0.05
+# What a receive that has no byte of its frame yet says it receives (see _broken).
+_FIRST_HEADER = "a frame header"
 # How many small DATA frames it reads past, at most, looking for it.
 _PENDING_FRAMES_SKIPPED = 4
 # A poll (a receive's, or a wait on the shared segment) lets other tasks run at least this often.
@@ -131,7 +134,15 @@ class Link(LinkErrors):
         the peer closed: say so, or a reader looks for a crash that never happened."""
         cause = exc.__cause__
         if not isinstance(cause, OSError) or cause.errno not in UNREACHABLE_ERRNOS:
-            return self._failed(spec, f"broke while {doing}: {exc}")
+            error = self._failed(spec, f"broke while {doing}: {exc}")
+            # A reset is how a close reads when the peer left bytes of ours unread: before the
+            # first byte of a frame, as much a close between frames as an end of file.
+            error._trioring_clean_close = (
+                doing == f"receiving {_FIRST_HEADER}"
+                and isinstance(cause, OSError)
+                and cause.errno == errno.ECONNRESET
+            )
+            return error
         timeout = self._fast.peer_timeout if self._fast is not None else None
         silence = f" ({cause.strerror})"
         if timeout is not None:
@@ -183,8 +194,10 @@ class Link(LinkErrors):
                 # the whole frame (see SocketConnection.send_rest).
                 await fast.send_rest(views)
         except trio.BrokenResourceError as exc:
-            await self._raise_pending_abort(spec)
-            raise self._broken(spec, "sending", exc) from exc
+            between_frames = await self._raise_pending_abort(spec)
+            error = self._broken(spec, "sending", exc)
+            error._trioring_clean_close = between_frames
+            raise error from exc
         except trio.ClosedResourceError as exc:
             raise self.closed_error(spec) from exc
         self.send_waiting = None
@@ -229,21 +242,27 @@ class Link(LinkErrors):
             pass  # the link is closed or broken: nothing to read on it
         return None
 
-    async def _raise_pending_abort(self, spec: OpSpec) -> None:
+    async def _raise_pending_abort(self, spec: OpSpec) -> bool:
         """After a failed send: a peer that gives up sends an abort frame and then closes, so
         its reason may be waiting in our receive buffer. If nobody else is receiving on this
         link, look for it briefly, so that we report the cause (say, "rank 2 failed") rather
-        than the broken pipe it left behind."""
+        than the broken pipe it left behind. Returns whether the look found the connection
+        closed between two frames and nothing to explain it."""
         if self.receiving or self._watching:
-            return
+            return False
         found: list[TrioringError] = []
+        between_frames = False
 
         async def look() -> None:
+            nonlocal between_frames
             # Frames the peer sent before it gave up (say, the announcement of a step we
             # never reached) may come first: skip a few small ones to find its reason.
             for _ in range(_PENDING_FRAMES_SKIPPED):
                 try:
-                    await self._recv_exactly(spec, self._recv_header_view, "a frame header")
+                    await self._recv_exactly(spec, self._recv_header_view, _FIRST_HEADER)
+                except CollectiveError as exc:
+                    between_frames = exc._trioring_clean_close
+                    return
                 except TrioringError:
                     return
                 (magic, version, ftype, kind, _, _, root, seq, count, _, nbytes) = HEADER.unpack(
@@ -272,6 +291,7 @@ class Link(LinkErrors):
             self._watching = False
         if found:
             raise found[0]
+        return between_frames
 
     async def _recv_some(self, spec: OpSpec, view: memoryview, what: str) -> int:
         """Receive at least one byte into ``view``, or 0 at end of stream. With a socket
@@ -467,11 +487,13 @@ class Link(LinkErrors):
             got = await self._recv_some(spec, view, what)
             if not got:
                 done = total - view.nbytes
-                raise self._failed(
+                error = self._failed(
                     spec,
                     f"was closed by the peer after {done} of {total} bytes of {what} "
                     "(the peer exited, crashed or closed its communicator)",
                 )
+                error._trioring_clean_close = what == _FIRST_HEADER and not done
+                raise error
             view = view[got:]
 
     async def recv(self, spec: OpSpec, offset: int, into: memoryview) -> None:
@@ -486,7 +508,7 @@ class Link(LinkErrors):
                 # starts from what was read here.
                 want = HEADER.size + into.nbytes
                 buffer = self._inbox_view[:want]
-                got = await self._recv_some(spec, buffer, "a frame header")
+                got = await self._recv_some(spec, buffer, _FIRST_HEADER)
                 pack_data_header(self._expected_header, spec, offset, into.nbytes)
                 if got == want and self._inbox[: HEADER.size] == self._expected_header:
                     if into.nbytes:
@@ -511,13 +533,17 @@ class Link(LinkErrors):
             buffer[:have] = self._pending[:have]
             self._pending = self._pending[have:]
         while have < HEADER.size:
-            got = await self._recv_some(spec, buffer[have:], "a frame header")
+            got = await self._recv_some(
+                spec, buffer[have:], _FIRST_HEADER if not have else "the rest of a frame header"
+            )
             if not got:
-                raise self._failed(
+                error = self._failed(
                     spec,
                     f"was closed by the peer after {have} of {HEADER.size} bytes of a frame "
                     "header (the peer exited, crashed or closed its communicator)",
                 )
+                error._trioring_clean_close = have == 0
+                raise error
             have += got
         self._pending = buffer[HEADER.size : have]
 

@@ -1,0 +1,97 @@
+"""How a rank that loses a connection tells the others, in in-process worlds on virtual time.
+
+A rank whose connection to a peer ends looks briefly (``_PENDING_ABORT_SECONDS``) on its other
+links for an abort frame that names an earlier cause: the lost connection may only echo a
+failure elsewhere. When the connection ended between two frames, the peer itself died or left
+(a live peer that gives up says why first), so the rank tells the others before it looks:
+otherwise every survivor waits out its look for the others' news, which they hold back for
+their own looks. The autojump clock makes "nobody waited out a look" exact: no virtual time
+passes unless every task is blocked on a timer.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import trio
+import trio.testing
+
+import trioring
+from trioring._framing import _PENDING_ABORT_SECONDS
+from trioring._wire import AbortKind
+from trioring.testing import open_local_world
+
+
+async def _vanish(comm: trioring.Communicator) -> None:
+    """Close every connection of ``comm`` without a word, as a killed process's kernel does."""
+    for link in comm._links.values():
+        await trio.aclose_forcefully(link.connection)
+
+
+@pytest.mark.parametrize("world_size", [3, 4, 5])
+async def test_a_peer_gone_between_frames_is_reported_without_waiting_out_the_look(
+    autojump_clock: trio.testing.MockClock, world_size: int
+) -> None:
+    """The last rank vanishes; every survivor's allreduce raises PeerFailedError naming it.
+    Those that found its connection closed between frames, and those that heard it from
+    them, did not wait out a look; the former say so in their own words, not as news relayed
+    by a neighbour. (A survivor whose send to it failed while the same link was being read
+    cannot tell where the close fell, and may still wait out its look.)"""
+    gone = world_size - 1
+    errors: dict[int, trioring.PeerFailedError] = {}
+    took: dict[int, float] = {}
+    async with open_local_world(world_size) as comms:
+        await _vanish(comms[gone])
+        start = trio.current_time()
+
+        async def survivor(comm: trioring.Communicator) -> None:
+            with pytest.raises(trioring.PeerFailedError) as info:
+                await comm.allreduce(np.ones(4, np.float32))
+            errors[comm.rank] = info.value
+            took[comm.rank] = trio.current_time() - start
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                for comm in comms[:gone]:
+                    nursery.start_soon(survivor, comm)
+    assert sorted(errors) == list(range(gone))
+    closed = f"connection to peer rank {gone} was closed by the peer after 0 of"
+    for rank, error in errors.items():
+        assert error.peer == gone, error
+        if "broke while sending" not in str(error):
+            assert took[rank] < _PENDING_ABORT_SECONDS, (rank, took[rank], error)
+            assert closed in str(error) or f"rank {gone} failed (relayed by" in str(error)
+    first_hand = [
+        e for r, e in errors.items() if str(e).startswith(f"rank {r}: allreduce #1: {closed}")
+    ]
+    for error in first_hand:
+        assert not getattr(error, "__notes__", []), error.__notes__
+    if world_size != 4:
+        # At world 4 the two ranks that exchange with rank 3 both send to it first, so its
+        # close is only ever met by a send: the exception above.
+        assert first_hand, errors
+
+
+async def test_the_look_still_finds_the_cause_behind_a_silent_close(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Rank 1 gives up (an abort frame saying it was cancelled) and rank 2 then closes without
+    a word: rank 0, which waits on rank 2 first, must report rank 1's cancellation, the cause,
+    and keep what it noticed first as a note."""
+    async with open_local_world(3) as comms:
+        await (
+            comms[1]
+            ._links[0]
+            .send_abort(AbortKind.CANCELLED, 1, 1, "cancelled allreduce #1 (by the test)", 1)
+        )
+        await _vanish(comms[2])
+        with trio.fail_after(10), pytest.raises(trioring.PeerAbortedError) as info:
+            await comms[0].allreduce(np.ones(4, np.float32))
+    error = info.value
+    assert error.peer == 1, error
+    assert str(error).startswith("rank 0: allreduce #1: rank 1 "), error
+    assert "cancelled allreduce #1 (by the test)" in str(error)
+    assert any(
+        "first noticed on this rank as: PeerFailedError" in note and "rank 2" in note
+        for note in error.__notes__
+    ), error.__notes__
