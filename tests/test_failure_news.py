@@ -95,3 +95,55 @@ async def test_the_look_still_finds_the_cause_behind_a_silent_close(
         "first noticed on this rank as: PeerFailedError" in note and "rank 2" in note
         for note in error.__notes__
     ), error.__notes__
+
+
+@pytest.mark.parametrize("how", ["raise", "cancel"])
+async def test_a_rank_that_leaves_on_an_exception_says_why(how: str) -> None:
+    """An exception (or a cancellation) leaves rank 1's ``async with comm.dup()`` block
+    while ranks 0 and 2 call an allreduce on the duplicate: they raise PeerAbortedError
+    naming rank 1 and what made it leave, not a bare closed connection. The communicator the
+    duplicate was made from is untouched."""
+    errors: dict[int, BaseException] = {}
+    async with open_local_world(3) as comms:
+
+        async def rank_main(comm: trioring.Communicator) -> None:
+            try:
+                with trio.CancelScope() as scope:
+                    async with comm.dup() as side:
+                        if comm.rank == 1:
+                            if how == "raise":
+                                raise RuntimeError("bad batch on rank 1")
+                            scope.cancel()
+                            await trio.sleep_forever()
+                        await side.allreduce(np.ones(4, np.float32))
+            except Exception as exc:
+                errors[comm.rank] = exc
+
+        sums: dict[int, np.ndarray] = {}
+
+        async def world_allreduce(comm: trioring.Communicator) -> None:
+            sums[comm.rank] = x = np.ones(4, np.float32)
+            await comm.allreduce(x)
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                for comm in comms:
+                    nursery.start_soon(rank_main, comm)
+            async with trio.open_nursery() as nursery:
+                for comm in comms:
+                    nursery.start_soon(world_allreduce, comm)
+    assert sorted(sums) == [0, 1, 2]
+    for total in sums.values():
+        np.testing.assert_array_equal(total, np.full(4, 3, np.float32))
+    if how == "raise":
+        assert isinstance(errors.pop(1), RuntimeError)
+        why = "on RuntimeError: bad batch on rank 1"
+    else:
+        assert 1 not in errors
+        why = "cancelled (by its caller's deadline or cancel scope)"
+    assert sorted(errors) == [0, 2], errors
+    for rank, error in errors.items():
+        assert isinstance(error, trioring.PeerAbortedError), error
+        assert error.peer == 1, error
+        assert str(error).startswith(f"rank {rank}: allreduce #1: rank 1 aborted collective #1")
+        assert f"it left its communicator {why}" in str(error), error

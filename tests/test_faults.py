@@ -367,6 +367,12 @@ def test_sigkill(
 # -- row 2: a peer exits, aborts or raises before the collective the others are in ---------------
 
 EXIT_CODES = {"exit0": 0, "exit3": 3, "abort": -signal.SIGABRT, "raise": 1}
+#: What the survivors hear made the victim leave (os.abort() leaves no time to say anything).
+LEFT_ON = {
+    "exit0": "SystemExit: 0",
+    "exit3": "SystemExit: 3",
+    "raise": "RuntimeError: injected failure before the collective",
+}
 
 
 @pytest.mark.parametrize(("world_size", "victim"), WORLD_CASES, ids=WORLD_IDS)
@@ -403,6 +409,13 @@ def test_peer_exits_before_the_collective(
         fault_latencies,
         f"2 {how} w{world_size}",
     )
+    if how in LEFT_ON:
+        # An exception that leaves the victim's ``async with`` is told to the peers before
+        # it closes (directly or relayed): each says what made it leave.
+        for rank, report in reports.items():
+            error = error_of(report, "collective")
+            assert error["type"] == "PeerAbortedError", (rank, error)
+            assert f"it left its communicator on {LEFT_ON[how]}" in error["message"], error
 
 
 # -- row 3: a peer stopped with SIGSTOP -----------------------------------------------------------

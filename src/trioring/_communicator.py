@@ -287,7 +287,10 @@ class Communicator(
         :meth:`dup`, recursively). Idempotent; later calls raise
         :class:`~trioring.CommunicatorClosedError`, and so does a call running in another
         task (a collective, a send or a receive). Peers that are still inside a collective
-        with this rank see :class:`~trioring.PeerFailedError`. Closing a sub-communicator
+        with this rank see :class:`~trioring.PeerFailedError` (or, when an exception left
+        the ``async with`` block of :func:`~trioring.open_communicator`, :meth:`split` or
+        :meth:`dup` that closes it, :class:`~trioring.PeerAbortedError` naming that
+        exception). Closing a sub-communicator
         leaves the one it was made from open; closing the world communicator (what leaving
         :func:`~trioring.open_communicator` does) also ends the point-to-point plane and the
         background tasks of the world."""

@@ -360,7 +360,7 @@ class CommunicatorCore:
                 # whose abort frame did not fit in our receive buffer before it closed, is
                 # still found by the look for this rank's own error; its peers may then
                 # name that peer rather than the cause.
-                nursery.start_soon(self._tell_peers, error, spec)
+                nursery.start_soon(self._tell_peers, self._abort_notice(error), spec.seq)
             for link in self._links.values():
                 nursery.start_soon(look, link)
         if not found:
@@ -399,17 +399,35 @@ class CommunicatorCore:
             self._state = State.BROKEN
             self._broken_by = exc
         with trio.CancelScope(shield=True):
-            await self._tell_peers(exc, spec)
+            await self._tell_peers(self._abort_notice(exc), spec.seq)
             await self._close_connections()
         if self._state is State.BROKEN:
             # Told to the peers' point-to-point calls when it closes (see leave_later).
             self._family.endpoint.leave_later(self._scope.comm_id, self._broken_error)
 
-    async def _tell_peers(self, exc: BaseException, spec: OpSpec) -> None:
-        """Send every link not left mid-frame the abort frame that says why this rank gives
-        up (best effort, for at most ``_ABORT_NOTICE_SECONDS``, shielded); a link told once
-        is not told again."""
-        kind, subject, reason, reporter = self._abort_notice(exc)
+    async def _leave_because(self, exc: BaseException) -> None:
+        """``exc`` escaped the block that holds this communicator, which closes next: tell
+        the peers why first, so that one waiting for this rank in a collective, or calling
+        one later, raises :class:`PeerAbortedError` with the reason instead of a bare closed
+        connection. Sub-communicators first. Nothing for a broken communicator (its peers
+        were told when it broke) or a closed one. Shielded: a cancellation that is leaving
+        is told too."""
+        for child in list(self._children):
+            await child._leave_because(exc)
+        if self._state is not State.OPEN:
+            return
+        if is_cancellation(exc):
+            why = "cancelled (by its caller's deadline or cancel scope)"
+        else:
+            why = f"on {type(exc).__name__}: {exc}"
+        reason = f"it left its communicator {why}"
+        await self._tell_peers((AbortKind.ERROR, self._rank, reason, self._rank), self._seq + 1)
+
+    async def _tell_peers(self, notice: tuple[AbortKind, int, str, int], seq: int) -> None:
+        """Send every link not left mid-frame the abort frame ``notice`` (kind, subject,
+        reason, reporter) about collective ``seq`` (best effort, for at most
+        ``_ABORT_NOTICE_SECONDS``, shielded); a link told once is not told again."""
+        kind, subject, reason, reporter = notice
         if self._world.shm is not None:
             # Before the abort frames: a peer that finds this on the segment reads one.
             self._world.shm.mark_broken()
@@ -417,7 +435,7 @@ class CommunicatorCore:
             await run_with_grace(
                 _ABORT_NOTICE_SECONDS,
                 *(
-                    functools.partial(link.send_abort, kind, subject, spec.seq, reason, reporter)
+                    functools.partial(link.send_abort, kind, subject, seq, reason, reporter)
                     for link in self._links.values()
                     if link.send_clean
                 ),

@@ -189,7 +189,9 @@ async def open_communicator(
     transport: str | None = None,
 ) -> AsyncIterator[Communicator]:
     """Join a world of ``world_size`` processes and yield a connected :class:`Communicator`;
-    close it on exit.
+    close it on exit. When an exception (a cancellation too) leaves the block, the peers are
+    told what it was before the communicator closes: one that waits for this rank in a
+    collective, or calls one later, raises :class:`~trioring.PeerAbortedError` saying so.
 
     Every argument left as ``None`` is read from the environment, as ``torch.distributed``
     does: ``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, and
@@ -238,5 +240,8 @@ async def open_communicator(
         _OPENING.discard(key)
     try:
         yield comm
+    except BaseException as exc:
+        await comm._leave_because(exc)
+        raise
     finally:
         await comm.aclose()

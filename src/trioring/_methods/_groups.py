@@ -80,6 +80,10 @@ class GroupMethods(CommunicatorCore):
         child = await self._make_child(kind, color, key)
         try:
             yield child
+        except BaseException as exc:
+            if child is not None:
+                await child._leave_because(exc)
+            raise
         finally:
             if child is not None:
                 await child.aclose()
