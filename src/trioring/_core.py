@@ -419,7 +419,8 @@ class CommunicatorCore:
         if is_cancellation(exc):
             why = "cancelled (by its caller's deadline or cancel scope)"
         else:
-            why = f"on {type(exc).__name__}: {exc}"
+            text = str(exc)
+            why = f"on {type(exc).__name__}" + (f": {text}" if text else "")
         reason = f"it left its communicator {why}"
         await self._tell_peers((AbortKind.ERROR, self._rank, reason, self._rank), self._seq + 1)
 
