@@ -365,6 +365,21 @@ def test_echoes_are_errors_that_only_report_another_ranks_failure() -> None:
         "it) [traceback omitted by trioring run: this error only reports that ranks 2, 3 "
         "failed]\n"
     )
+    # In a sub-communicator whose ranks 0 and 1 are the world's 1 and 3: its rank 1 is the
+    # world's rank 3, and the one line says how its ranks map.
+    sub = PeerFailedError("rank 0: barrier #2: rank 1 failed", rank=0, peer=1)
+    sub._trioring_world_ranks = (1, 3)
+    sub.add_note("ranks above are those of split #1 of world (color 1); as world ranks: 0->1, 1->3")
+    assert echoed_ranks(sub) == frozenset({3})
+    assert echo_line(sub, frozenset({3})) == (
+        "trioring.PeerFailedError: rank 0: barrier #2: rank 1 failed [ranks above are those of "
+        "split #1 of world (color 1); as world ranks: 0->1, 1->3] [traceback omitted by "
+        "trioring run: this error only reports that rank 3 failed]\n"
+    )
+    later = CommunicatorBrokenError("rank 0: broken since #2", rank=0)
+    later.__cause__ = sub
+    assert echoed_ranks(later) == frozenset({3})
+    assert "as world ranks: 0->1, 1->3] [traceback omitted" in echo_line(later, frozenset({3}))
 
 
 HOOKED = """
@@ -445,11 +460,30 @@ CRASH = """
 """
 
 
-def test_a_crash_on_one_rank_of_four_is_reported_once(tmp_path: Path) -> None:
-    """Rank 2 raises between collectives while the others wait in one with it. The output is
+CRASH_IN_SPLIT = """
+    import numpy as np, trio, trioring
+
+    async def main():
+        async with trioring.open_communicator() as comm:
+            x = np.ones(1000)
+            async with comm.split(color=comm.rank % 2) as half:
+                for step in range(10):
+                    if comm.rank == 2 and step == 3:
+                        raise ValueError("bad batch on rank 2")
+                    await half.allreduce(x)
+            await comm.barrier()
+
+    trio.run(main)
+"""
+
+
+@pytest.mark.parametrize("script_text", [CRASH, CRASH_IN_SPLIT], ids=["world", "split"])
+def test_a_crash_on_one_rank_of_four_is_reported_once(tmp_path: Path, script_text: str) -> None:
+    """Rank 2 raises between collectives while the others wait in one with it (in the world,
+    or in the half of a split that it shares with rank 0, where it is rank 1). The output is
     rank 2's traceback, at most one line for each other rank, and the launcher's summary,
     which names rank 2 as the first failure and says what became of every other rank."""
-    script = write_script(tmp_path, CRASH)
+    script = write_script(tmp_path, script_text)
     started = time.monotonic()
     # A long grace period: rank 2 is never stopped before it has reported, however slow.
     result = run_launcher(tmp_path, "-n", "4", "--tag-output", "--grace", "30", str(script))
@@ -464,6 +498,11 @@ def test_a_crash_on_one_rank_of_four_is_reported_once(tmp_path: Path) -> None:
         assert len(own) <= 1, result.stderr
         for line in own:
             assert line.endswith("this error only reports that rank 2 failed]"), line
+            assert "it left its communicator on ValueError: bad batch on rank 2" in line, line
+            if script_text is CRASH_IN_SPLIT and rank == 0:
+                # Its error names rank 2 as the half's rank 1, and says so.
+                assert "rank 1 aborted" in line, line
+                assert "as world ranks: 0->0, 1->2]" in line, line
     summary = re.fullmatch(
         r"trioring run: rank 2 exited with code 1 \(first failure\); (.*)", lines[-1]
     )

@@ -31,6 +31,7 @@ from ._errors import (
     PeerFailedError,
     ProtocolError,
     TrioringError,
+    echoed_ranks,
 )
 from ._framing import Link, WaitCount
 from ._p2p import Scope
@@ -288,17 +289,21 @@ class CommunicatorCore:
                 # whose data was all there at once (or a world of one) has not yielded yet.
                 await trio.lowlevel.cancel_shielded_checkpoint()
         except CollectiveError as exc:
-            if self._label:
-                exc.add_note(self._ranks_note())
             cause = exc
             try:
                 cause = await self._relayed_cause(exc, spec)
             finally:
                 # Even if the caller's deadline fires while we look for the cause.
                 await self._break(cause, spec)
+            if cause is not exc:
+                cause.add_note(f"first noticed on this rank as: {type(exc).__name__}: {exc}")
+            if self._label:
+                # Its ranks are not the world's: for the reader, and for trioring run,
+                # which must not take "rank 1" of a split for the world's rank 1.
+                cause.add_note(self._ranks_note())
+                cause._trioring_world_ranks = self._members
             if cause is exc:
                 raise
-            cause.add_note(f"first noticed on this rank as: {type(exc).__name__}: {exc}")
             raise cause from exc
         except BaseException as exc:
             if is_cancellation(exc):
@@ -416,13 +421,29 @@ class CommunicatorCore:
             await child._leave_because(exc)
         if self._state is not State.OPEN:
             return
-        if is_cancellation(exc):
-            why = "cancelled (by its caller's deadline or cancel scope)"
+        me = self._rank
+        echoed = echoed_ranks(exc)
+        if (
+            echoed is not None
+            and len(echoed) == 1
+            and (culprit := next(iter(echoed))) in (members := self._members)
+        ):
+            # It leaves because another rank failed, in another communicator: pass that on,
+            # as a breaking collective relays news, so that its peers blame the culprit and
+            # not this rank (in this communicator's ranks; the text keeps the other's).
+            text = exc._bare_message if isinstance(exc, TrioringError) else str(exc)
+            text += "".join(
+                f" [{note}]" for note in getattr(exc, "__notes__", []) if "world ranks" in note
+            )
+            notice = (AbortKind.FAILED, members.index(culprit), text, me)
         else:
-            text = str(exc)
-            why = f"on {type(exc).__name__}" + (f": {text}" if text else "")
-        reason = f"it left its communicator {why}"
-        await self._tell_peers((AbortKind.ERROR, self._rank, reason, self._rank), self._seq + 1)
+            if is_cancellation(exc):
+                why = "cancelled (by its caller's deadline or cancel scope)"
+            else:
+                text = str(exc)
+                why = f"on {type(exc).__name__}" + (f": {text}" if text else "")
+            notice = (AbortKind.ERROR, me, f"it left its communicator {why}", me)
+        await self._tell_peers(notice, self._seq + 1)
 
     async def _tell_peers(self, notice: tuple[AbortKind, int, str, int], seq: int) -> None:
         """Send every link not left mid-frame the abort frame ``notice`` (kind, subject,

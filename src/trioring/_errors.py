@@ -163,6 +163,9 @@ class CollectiveError(TrioringError):
     _trioring_about_self: bool = False
     #: For a lost connection: it ended between two frames, without an abort frame.
     _trioring_clean_close: bool = False
+    #: For an error in a sub-communicator, whose ranks (``rank``, ``peer``, and those in the
+    #: message) are its own: the world rank of each of them.
+    _trioring_world_ranks: tuple[int, ...] | None = None
 
 
 @final
@@ -215,3 +218,34 @@ class ProtocolError(CollectiveError):
 class CommunicatorBrokenError(CollectiveError):
     """An earlier collective failed (or was cancelled) on this rank, so the communicator is
     broken. The original error is this exception's ``__cause__``."""
+
+
+def echoed_ranks(exc: BaseException) -> frozenset[int] | None:
+    """The ranks (of the world) whose failure ``exc`` only reports, or None if ``exc`` is a
+    failure of its own. An echo is a :class:`PeerFailedError` or :class:`PeerAbortedError`
+    about another rank, a collective error relayed by a peer's abort frame about another
+    rank, a :class:`CommunicatorBrokenError` caused by an echo, or an exception group of
+    nothing but echoes. (``trioring run`` prints an echo in one line; a rank that leaves a
+    communicator on an echo passes the news on.)"""
+    if isinstance(exc, BaseExceptionGroup):
+        ranks: set[int] = set()
+        for inner in exc.exceptions:
+            echoed = echoed_ranks(inner)
+            if echoed is None:
+                return None
+            ranks |= echoed
+        return frozenset(ranks)
+    if isinstance(exc, CommunicatorBrokenError):
+        cause = exc.__cause__
+        return None if cause is None else echoed_ranks(cause)
+    if not isinstance(exc, CollectiveError) or exc.peer is None or exc.peer == exc.rank:
+        return None
+    relayed = exc._trioring_abort is not None
+    if isinstance(exc, PeerFailedError | PeerAbortedError) or relayed:
+        world = exc._trioring_world_ranks
+        if world is None:
+            return frozenset({exc.peer})
+        if not 0 <= exc.peer < len(world):
+            return None
+        return frozenset({world[exc.peer]})
+    return None

@@ -32,43 +32,13 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
-from ._errors import (
-    CollectiveError,
-    CommunicatorBrokenError,
-    PeerAbortedError,
-    PeerFailedError,
-)
+from ._errors import CollectiveError, echoed_ranks
 
 if TYPE_CHECKING:
     from types import TracebackType
 
 RUN_DIR_VARIABLE = "TRIORING_RUN_DIR"
 ECHO_SUFFIX = ".echo"
-
-
-def echoed_ranks(exc: BaseException) -> frozenset[int] | None:
-    """The ranks whose failure ``exc`` only reports, or None if ``exc`` is a failure of its
-    own. An echo is a :class:`PeerFailedError` or :class:`PeerAbortedError` about another
-    rank, a collective error relayed by a peer's abort frame about another rank, a
-    :class:`CommunicatorBrokenError` caused by an echo, or an exception group of nothing but
-    echoes."""
-    if isinstance(exc, BaseExceptionGroup):
-        ranks: set[int] = set()
-        for inner in exc.exceptions:
-            echoed = echoed_ranks(inner)
-            if echoed is None:
-                return None
-            ranks |= echoed
-        return frozenset(ranks)
-    if isinstance(exc, CommunicatorBrokenError):
-        cause = exc.__cause__
-        return None if cause is None else echoed_ranks(cause)
-    if not isinstance(exc, CollectiveError) or exc.peer is None or exc.peer == exc.rank:
-        return None
-    relayed = exc._trioring_abort is not None
-    if isinstance(exc, PeerFailedError | PeerAbortedError) or relayed:
-        return frozenset({exc.peer})
-    return None
 
 
 def _first_leaf(exc: BaseException) -> tuple[BaseException, int]:
@@ -93,9 +63,22 @@ def echo_line(exc: BaseException, ranks: frozenset[int]) -> str:
     )
     more = f" (and {count - 1} more like it)" if count > 1 else ""
     return (
-        f"{name}: {leaf}{more} [traceback omitted by trioring run: this error only reports "
-        f"that {_ranks(ranks)} failed]\n"
+        f"{name}: {leaf}{more}{_sub_ranks(leaf)} [traceback omitted by trioring run: this "
+        f"error only reports that {_ranks(ranks)} failed]\n"
     )
+
+
+def _sub_ranks(leaf: BaseException) -> str:
+    """For an error in a sub-communicator (or caused by one), the note that maps its ranks
+    to the world's, which the one line must carry since the traceback and notes are not
+    printed: " [ranks above are those of split #2 of world ...]", or ""."""
+    error: BaseException | None = leaf
+    while error is not None:
+        if isinstance(error, CollectiveError) and error._trioring_world_ranks is not None:
+            notes = [n for n in getattr(error, "__notes__", []) if n.startswith("ranks above")]
+            return f" [{notes[-1]}]" if notes else ""
+        error = error.__cause__
+    return ""
 
 
 def _ignore_sigterm() -> None:
