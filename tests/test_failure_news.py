@@ -9,7 +9,8 @@ their own looks. The autojump clock makes "nobody waited out a look" exact: no v
 passes unless every task is blocked on a timer.
 
 A rank that leaves a communicator's ``async with`` block on an exception tells its peers what
-it was before it closes, so that they raise PeerAbortedError with the reason.
+it was before it closes, so that they raise PeerAbortedError with the reason. Errors of a
+sub-communicator say which world ranks its ranks are, for ``trioring run``'s report.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import trio
 import trio.testing
 
 import trioring
+from trioring._errors import echoed_ranks
 from trioring._framing import _PENDING_ABORT_SECONDS
 from trioring._wire import AbortKind
 from trioring.testing import open_local_world
@@ -156,3 +158,29 @@ async def test_a_rank_that_leaves_on_an_exception_says_why(how: str) -> None:
         assert str(error).startswith(f"rank {rank}: allreduce #1: rank 1 aborted collective #1")
         # (An in-process world has no job id to end the message.)
         assert str(error).endswith(f"it left its communicator {why}"), error
+
+
+async def test_point_to_point_errors_in_a_split_map_to_world_ranks() -> None:
+    """In a split of ranks 0 and 2, rank 0 waits for a message from the split's rank 1 (world
+    rank 2), which closes the split instead: the error names the split's rank 1, and says
+    which world rank that is, in its text and for ``trioring run`` (echoed_ranks)."""
+    caught: list[trioring.PeerFailedError] = []
+    async with open_local_world(3) as comms:
+
+        async def rank_main(comm: trioring.Communicator) -> None:
+            async with comm.split(color=comm.rank % 2) as half:
+                assert half is not None
+                if comm.rank == 0:
+                    with pytest.raises(trioring.PeerFailedError) as info:
+                        await half.recv(source=1)
+                    caught.append(info.value)
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                for comm in comms:
+                    nursery.start_soon(rank_main, comm)
+    (error,) = caught
+    assert error.rank == 0
+    assert error.peer == 1
+    assert "rank 1 closed this communicator" in str(error), error
+    assert echoed_ranks(error) == frozenset({2})

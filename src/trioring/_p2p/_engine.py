@@ -158,6 +158,8 @@ class Engine:
             job_id=self.job_id,
         )
         error.__cause__ = base
+        if scope.label:
+            error._trioring_world_ranks = scope.members  # for trioring run: see echoed_ranks
         return error
 
     def _record_failure(self, peer: Peer, cls: type[TrioringError], detail: str) -> TrioringError:
@@ -223,7 +225,7 @@ class Engine:
 
     def _left_error(self, scope: Scope, what: str, world: int) -> PeerFailedError:
         rank = scope.members.index(world)
-        return PeerFailedError(
+        error = PeerFailedError(
             f"{self._where(scope, what, None)}: rank {rank} closed this communicator (or it "
             "broke there): nothing more comes from it, and it receives nothing more",
             rank=scope.rank,
@@ -231,6 +233,9 @@ class Engine:
             collective=what.partition("(")[0],
             job_id=self.job_id,
         )
+        if scope.label:
+            error._trioring_world_ranks = scope.members  # for trioring run: see echoed_ranks
+        return error
 
     def _protocol_violation(self, peer: Peer, detail: str) -> None:
         self._record_failure(peer, ProtocolError, detail)
