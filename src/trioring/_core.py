@@ -413,10 +413,11 @@ class CommunicatorCore:
     async def _leave_because(self, exc: BaseException) -> None:
         """``exc`` escaped the block that holds this communicator, which closes next: tell
         the peers why first, so that one waiting for this rank in a collective, or calling
-        one later, raises :class:`PeerAbortedError` with the reason instead of a bare closed
-        connection. Sub-communicators first. Nothing for a broken communicator (its peers
-        were told when it broke) or a closed one. Shielded: a cancellation that is leaving
-        is told too."""
+        one later, raises :class:`PeerAbortedError` with the reason (or, when ``exc`` only
+        reported another rank's failure, :class:`PeerFailedError` naming that rank) instead
+        of a bare closed connection. Sub-communicators first. Nothing for a broken
+        communicator (its peers were told when it broke) or a closed one. Shielded: a
+        cancellation that is leaving is told too."""
         for child in list(self._children):
             await child._leave_because(exc)
         if self._state is not State.OPEN:
