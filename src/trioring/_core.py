@@ -21,6 +21,7 @@ from ._collectives import _allreduce, _decision
 from ._collectives._checks import Refused
 from ._concurrency import is_cancellation, run_with_grace
 from ._errors import (
+    RANKS_NOTE,
     CollectiveError,
     CollectiveMismatchError,
     CommunicatorBrokenError,
@@ -32,6 +33,7 @@ from ._errors import (
     ProtocolError,
     TrioringError,
     echoed_ranks,
+    ranks_note,
 )
 from ._framing import Link, WaitCount
 from ._p2p import Scope
@@ -331,7 +333,7 @@ class CommunicatorCore:
     def _ranks_note(self) -> str:
         """For an error in a sub-communicator: its ranks are not the world's."""
         pairs = ", ".join(f"{r}->{w}" for r, w in enumerate(self._members))
-        return f"ranks above are those of {self._label}; as world ranks: {pairs}"
+        return f"{RANKS_NOTE}{self._label}; as world ranks: {pairs}"
 
     async def _relayed_cause(self, error: CollectiveError, spec: OpSpec) -> CollectiveError:
         """A lost connection is often the echo of a failure elsewhere: a neighbour broke
@@ -433,9 +435,8 @@ class CommunicatorCore:
             # as a breaking collective relays news, so that its peers blame the culprit and
             # not this rank (in this communicator's ranks; the text keeps the other's).
             text = exc._bare_message if isinstance(exc, TrioringError) else str(exc)
-            text += "".join(
-                f" [{note}]" for note in getattr(exc, "__notes__", []) if "world ranks" in note
-            )
+            if (note := ranks_note(exc)) is not None:
+                text += f" [{note}]"
             notice = (AbortKind.FAILED, members.index(culprit), text, me)
         else:
             if is_cancellation(exc):

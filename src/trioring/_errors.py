@@ -220,6 +220,23 @@ class CommunicatorBrokenError(CollectiveError):
     broken. The original error is this exception's ``__cause__``."""
 
 
+#: How the note that maps a sub-communicator's ranks to the world's begins.
+RANKS_NOTE = "ranks above are those of "
+
+
+def ranks_note(exc: BaseException) -> str | None:
+    """The note that maps the ranks named by ``exc`` (or by the error that caused it) to the
+    world's, for an error of a sub-communicator: ``"ranks above are those of split #2 of
+    world (color 1); as world ranks: 0->1, 1->3"``; None when there is none."""
+    error: BaseException | None = exc
+    while error is not None:
+        if isinstance(error, CollectiveError) and error._trioring_world_ranks is not None:
+            notes = [n for n in getattr(error, "__notes__", []) if n.startswith(RANKS_NOTE)]
+            return notes[-1] if notes else None
+        error = error.__cause__
+    return None
+
+
 def echoed_ranks(exc: BaseException) -> frozenset[int] | None:
     """The ranks (of the world) whose failure ``exc`` only reports, or None if ``exc`` is a
     failure of its own. An echo is a :class:`PeerFailedError` or :class:`PeerAbortedError`

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 SMALL_FRAME = 64 * 1024
 # How long a rank whose send failed looks for the abort frame that may explain it.
 _PENDING_ABORT_SECONDS = 0.05
-# What a receive that has no byte of its frame yet says it receives (see _broken).
+# What a receive that has no byte of its frame yet says it receives (see _recv_some).
 _FIRST_HEADER = "a frame header"
 # How many small DATA frames it reads past, at most, looking for it.
 _PENDING_FRAMES_SKIPPED = 4
@@ -134,15 +134,7 @@ class Link(LinkErrors):
         the peer closed: say so, or a reader looks for a crash that never happened."""
         cause = exc.__cause__
         if not isinstance(cause, OSError) or cause.errno not in UNREACHABLE_ERRNOS:
-            error = self._failed(spec, f"broke while {doing}: {exc}")
-            # A reset is how a close reads when the peer left bytes of ours unread: before the
-            # first byte of a frame, as much a close between frames as an end of file.
-            error._trioring_clean_close = (
-                doing == f"receiving {_FIRST_HEADER}"
-                and isinstance(cause, OSError)
-                and cause.errno == errno.ECONNRESET
-            )
-            return error
+            return self._failed(spec, f"broke while {doing}: {exc}")
         timeout = self._fast.peer_timeout if self._fast is not None else None
         silence = f" ({cause.strerror})"
         if timeout is not None:
@@ -356,7 +348,16 @@ class Link(LinkErrors):
                 got = fast.recv_nowait(view)
             return got
         except trio.BrokenResourceError as exc:
-            raise self._broken(spec, f"receiving {what}", exc) from exc
+            error = self._broken(spec, f"receiving {what}", exc)
+            # A reset is how a close reads when the peer left bytes of ours unread: before the
+            # first byte of a frame, as much a close between frames as an end of file.
+            cause = exc.__cause__
+            error._trioring_clean_close = (
+                what == _FIRST_HEADER
+                and isinstance(cause, OSError)
+                and cause.errno == errno.ECONNRESET
+            )
+            raise error from exc
         except trio.ClosedResourceError as exc:
             raise self.closed_error(spec) from exc
 

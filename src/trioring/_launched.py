@@ -32,7 +32,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
-from ._errors import CollectiveError, echoed_ranks
+from ._errors import echoed_ranks, ranks_note
 
 if TYPE_CHECKING:
     from types import TracebackType
@@ -62,23 +62,14 @@ def echo_line(exc: BaseException, ranks: frozenset[int]) -> str:
         cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
     )
     more = f" (and {count - 1} more like it)" if count > 1 else ""
+    # The traceback and notes are not printed: the one line carries the map of a
+    # sub-communicator's ranks itself.
+    note = ranks_note(leaf)
+    mapped = f" [{note}]" if note else ""
     return (
-        f"{name}: {leaf}{more}{_sub_ranks(leaf)} [traceback omitted by trioring run: this "
-        f"error only reports that {_ranks(ranks)} failed]\n"
+        f"{name}: {leaf}{more}{mapped} [traceback omitted by trioring run: this error only "
+        f"reports that {_ranks(ranks)} failed]\n"
     )
-
-
-def _sub_ranks(leaf: BaseException) -> str:
-    """For an error in a sub-communicator (or caused by one), the note that maps its ranks
-    to the world's, which the one line must carry since the traceback and notes are not
-    printed: " [ranks above are those of split #2 of world ...]", or ""."""
-    error: BaseException | None = leaf
-    while error is not None:
-        if isinstance(error, CollectiveError) and error._trioring_world_ranks is not None:
-            notes = [n for n in getattr(error, "__notes__", []) if n.startswith("ranks above")]
-            return f" [{notes[-1]}]" if notes else ""
-        error = error.__cause__
-    return ""
 
 
 def _ignore_sigterm() -> None:
