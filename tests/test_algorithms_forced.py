@@ -26,7 +26,11 @@ from launched import run_reports
 from local_runs import force, on_every_rank
 from trioring import _config
 from trioring._collectives import _allreduce, _decision
-from trioring._collectives._decision import CMA_MIN_BYTES, SMALL_ALLREDUCE_BYTES
+from trioring._collectives._decision import (
+    CMA_MIN_BYTES,
+    PIPE_MAX_REDUCE_BYTES,
+    SMALL_ALLREDUCE_BYTES,
+)
 from trioring._onehost._shm import SHM_MAX_BYTES
 from trioring.testing import open_local_world
 
@@ -260,7 +264,10 @@ def test_environment_variable_errors(raw: str, message: str) -> None:
         (CMA_MIN_BYTES + 1, False, True, "cma"),
         (SMALL_ALLREDUCE_BYTES, False, False, "recursive_doubling"),
         (SMALL_ALLREDUCE_BYTES + 1, False, False, "ring"),
-        (64 << 20, True, True, "pipe"),
+        (PIPE_MAX_REDUCE_BYTES, True, True, "pipe"),
+        (PIPE_MAX_REDUCE_BYTES + 1, True, True, "cma"),
+        (64 << 20, True, True, "cma"),
+        (64 << 20, True, False, "pipe"),
         (64 << 20, False, True, "cma"),
     ],
 )

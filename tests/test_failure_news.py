@@ -15,6 +15,9 @@ sub-communicator say which world ranks its ranks are, for ``trioring run``'s rep
 
 from __future__ import annotations
 
+import errno
+import os
+
 import numpy as np
 import pytest
 import trio
@@ -23,7 +26,7 @@ import trio.testing
 import trioring
 from trioring._errors import echoed_ranks
 from trioring._framing import _PENDING_ABORT_SECONDS
-from trioring._wire import AbortKind
+from trioring._wire import AbortKind, Kind, OpSpec
 from trioring.testing import open_local_world
 
 
@@ -100,6 +103,37 @@ async def test_the_look_still_finds_the_cause_behind_a_silent_close(
         "first noticed on this rank as: PeerFailedError" in note and "rank 2" in note
         for note in error.__notes__
     ), error.__notes__
+
+
+async def test_a_failed_memory_read_tells_a_dead_peer_from_one_that_gave_up(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """A cross-memory read of a peer's array fails when the peer is gone (ESRCH) or freed it
+    (EFAULT). The read's link then tells why: rank 2 closed without a word, so the error is
+    marked as a clean close (its rank may tell the others at once, see the first test), at
+    once; rank 1 said it was cancelled before it closed, so that is what the read raises."""
+    spec = OpSpec(Kind.ALLREDUCE, 1)
+    gone = OSError(errno.ESRCH, os.strerror(errno.ESRCH))
+    async with open_local_world(3) as comms:
+        await (
+            comms[1]
+            ._links[0]
+            .send_abort(AbortKind.CANCELLED, 1, 1, "cancelled allreduce #1 (by the test)", 1)
+        )
+        await _vanish(comms[1])
+        await _vanish(comms[2])
+        start = trio.current_time()
+        with trio.fail_after(10):
+            error = await comms[0]._links[2].read_failed(spec, gone)
+        assert trio.current_time() - start < _PENDING_ABORT_SECONDS
+        assert isinstance(error, trioring.PeerFailedError), error
+        assert error.peer == 2, error
+        assert error._trioring_clean_close, error
+        assert "could not read the memory of peer rank 2 (No such process" in str(error)
+        with trio.fail_after(10), pytest.raises(trioring.PeerAbortedError) as info:
+            await comms[0]._links[1].read_failed(spec, gone)
+    assert info.value.peer == 1, info.value
+    assert "cancelled allreduce #1 (by the test)" in str(info.value)
 
 
 @pytest.mark.parametrize("how", ["raise", "interrupt", "cancel"])

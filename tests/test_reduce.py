@@ -181,18 +181,25 @@ def test_reduce_scatter_decision(nbytes: int, small: int, expected: str) -> None
 @pytest.mark.parametrize("world_size", [2, 3, 4, 8])
 def test_the_pipe_and_cross_memory_attach_take_what_the_slots_do_not(world_size: int) -> None:
     """With a shared segment, reduce_scatter and reduce go through its pipe whatever its
-    slots do not take, with "cma" or without. Without a segment, with "cma",
-    reduce_scatter reads directly above CMA_MIN_REDUCE_SCATTER_BYTES, and reduce at world
-    sizes of 3 and more above CMA_MIN_COPY_BYTES. Without either, the socket algorithms."""
+    slots do not take, up to PIPE_MAX_REDUCE_BYTES with "cma" and at every size without;
+    above, with "cma", they read directly. Without a segment, with "cma", reduce_scatter
+    reads directly above CMA_MIN_REDUCE_SCATTER_BYTES, and reduce at world sizes of 3 and
+    more above CMA_MIN_COPY_BYTES. Without either, the socket algorithms."""
     small = _decision.SMALL_REDUCE_SCATTER_BYTES
     limit = _decision.CMA_MIN_REDUCE_SCATTER_BYTES
+    pipe_max = _decision.PIPE_MAX_REDUCE_BYTES
     segment = 65536
     for cma in (False, True):
         assert _decision.reduce_scatter(segment, small, segment, cma) == "shm"
         assert _decision.reduce_scatter(segment + 1, small, segment, cma) == "pipe"
+        assert _decision.reduce_scatter(pipe_max, small, segment, cma) == "pipe"
         assert _decision.reduce(segment, world_size, segment, cma) == "shm"
         assert _decision.reduce(segment + 1, world_size, segment, cma) == "pipe"
-        assert _decision.reduce(64 << 20, world_size, segment, cma) == "pipe"
+        assert _decision.reduce(pipe_max, world_size, segment, cma) == "pipe"
+        above = "cma" if cma else "pipe"
+        assert _decision.reduce_scatter(pipe_max + 1, small, segment, cma) == above
+        assert _decision.reduce(pipe_max + 1, world_size, segment, cma) == above
+        assert _decision.reduce(64 << 20, world_size, segment, cma) == above
     assert _decision.reduce_scatter(limit, small, -1, True) == "recursive_halving"
     assert _decision.reduce_scatter(limit + 1, small, -1, True) == "cma"
     assert _decision.reduce_scatter(limit + 1, small, -1, False) == "ring"

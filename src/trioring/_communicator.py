@@ -172,9 +172,10 @@ class Communicator(
         (``"shm"`` in :attr:`features`), arrays too large for its slots stream through its
         pipe, a ring of a few chunks that every rank maps: each rank reduces its ``1/n``
         segment of every rank's array, streamed to it chunk by chunk, then streams the
-        finished segment to every rank. Without a segment, above ``CMA_MIN_BYTES``, when
-        every rank agreed at opening to use cross-memory attach (the ``"cma"`` entry of
-        :attr:`features`), each rank reduces its ``1/n`` segment by reading the peers'
+        finished segment to every rank. When every rank agreed at opening to use
+        cross-memory attach (the ``"cma"`` entry of :attr:`features`), arrays above
+        ``PIPE_MAX_REDUCE_BYTES`` (with a segment) or ``CMA_MIN_BYTES`` (without) go by
+        it instead: each rank reduces its ``1/n`` segment by reading the peers'
         arrays directly and then copies the other finished segments, each byte copied once.
         Otherwise, up to ``SMALL_ALLREDUCE_BYTES``, recursive doubling (``ceil(log2 n)``
         exchanges of the whole array: latency-bound sizes); above, ring reduce-scatter then

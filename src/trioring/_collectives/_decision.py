@@ -5,8 +5,9 @@ paths that every rank agreed on at opening. Every choice trioring makes is here.
 collective  condition, first match wins                             algorithm
 ==========  ======================================================  ======================
 allreduce   "shm" and nbytes <= the segment's share (<= 256 KiB)    ``shm``
-allreduce   "shm" (larger arrays, through the segment's pipe)       ``pipe``
-allreduce   "cma" and nbytes > CMA_MIN_BYTES                        ``cma``
+allreduce   "shm", and nbytes <= PIPE_MAX_REDUCE_BYTES or no "cma"  ``pipe``
+            (larger arrays, through the segment's pipe)
+allreduce   "cma", and "shm" or nbytes > CMA_MIN_BYTES              ``cma``
 allreduce   nbytes <= min(SMALL_ALLREDUCE_BYTES, chunk_bytes)       ``recursive_doubling``
 allreduce   otherwise                                               ``ring``
 broadcast   "shm" and nbytes <= SHM_MAX_BYTES                       ``shm``
@@ -57,14 +58,18 @@ scatterv    otherwise                                               ``tree``
 collective       condition (see REDUCE_FAMILY below)                  algorithm
 ===============  ===================================================  =========================
 reduce_scatter   "shm" and nbytes <= allreduce's share of the segment  ``shm``
-reduce_scatter   "shm" (larger inputs, through the segment's pipe)    ``pipe``
-reduce_scatter   "cma" and nbytes > CMA_MIN_REDUCE_SCATTER_BYTES       ``cma``
+reduce_scatter   "shm", and nbytes <= PIPE_MAX_REDUCE_BYTES or no      ``pipe``
+                 "cma" (larger inputs, through the segment's pipe)
+reduce_scatter   "cma", and "shm" or nbytes >                         ``cma``
+                 CMA_MIN_REDUCE_SCATTER_BYTES
 reduce_scatter   nbytes <= min(SMALL_REDUCE_SCATTER_BYTES, chunk)     ``recursive_halving``
 reduce_scatter   otherwise                                            ``ring``
 reduce_scatterv  as reduce_scatter (total nbytes)                     as reduce_scatter
 reduce           "shm" and nbytes <= allreduce's share of the segment  ``shm``
-reduce           "shm" (larger arrays, through the segment's pipe)    ``pipe``
-reduce           "cma", n >= 3, nbytes > CMA_MIN_COPY_BYTES            ``cma``
+reduce           "shm", and nbytes <= PIPE_MAX_REDUCE_BYTES or no      ``pipe``
+                 "cma" (larger arrays, through the segment's pipe)
+reduce           "cma", and "shm" or (n >= 3 and nbytes >              ``cma``
+                 CMA_MIN_COPY_BYTES)
 reduce           nbytes <= SMALL_REDUCE_BYTES, or n <= 2              ``tree``
 reduce           otherwise                                            ``reduce_scatter_gather``
 ===============  ===================================================  =========================
@@ -107,6 +112,7 @@ __all__ = [
     "CMA_MIN_BYTES",
     "CMA_MIN_REDUCE_SCATTER_BYTES",
     "PIPE_MAX_ALLGATHER_BYTES",
+    "PIPE_MAX_REDUCE_BYTES",
     "SMALL_ALLGATHER_BYTES",
     "SMALL_ALLREDUCE_BYTES",
     "SMALL_ALLTOALL_BLOCK_BYTES",
@@ -264,6 +270,35 @@ SMALL_POW2_ALLGATHER_BYTES = 64 * 1024 * 1024
 # sockets at world 4, TRIORING_CMA=0: gather 300 KiB 230 / 332 us by the tree, 1 MiB 192 /
 # 431; scatter 327 / 365, 361 / 448).
 PIPE_MAX_ALLGATHER_BYTES = 8 * 1024 * 1024
+#: With a shared segment and cross-memory attach both agreed, allreduces, reduce_scatters
+#: (and reduce_scattervs) and reduces of more than this many bytes go by cross-memory
+#: attach, not through the pipe. The pipe copies each byte of a finished segment twice
+#: (into the ring, out of it) where cma reads it once, and the reduction reads the ring,
+#: where cma reads the peer's array into a scratch chunk: above a few MiB the copies decide.
+#: The PIPE_FAMILY numbers above came from an AMD EPYC machine, where the pipe won or tied
+#: up to 64 MiB (4 MiB allreduce at world 2, timed alone: 551 against 773 us). On the Intel
+#: Xeon machine of 2026-12-05 (2 vCPUs, 2 MiB of L2 each; thresholds.py --each, 5 rounds,
+#: cma / pipe, us) cma won from 4 MiB: allreduce w2 4 MiB 730-788 / 812-871, 8 MiB 1251 /
+#: 1713, 16 MiB 2195-2251 / 3235-3327, 32 MiB 4996 / 6215, 64 MiB 12960-13252 /
+#: 14725-16617; w3 4 MiB 2512 / 2702, 8 MiB 3780 / 4822, 16 MiB 7990 / 9965, 64 MiB 39309
+#: / 50552; w4 4 MiB 3011 / 3079, 8 MiB 4950 / 5838, 16 MiB 11443 / 12613, 64 MiB 46371 /
+#: 56703; reduce_scatter w2 4 MiB 620-640 / 595-659, 8 MiB 1116 / 1210, 32 MiB 4834 /
+#: 5790, 64 MiB 10790-11450 / 13731-13752, w4 4 MiB 1758 / 1923, 16 MiB 6770 / 8115, 64
+#: MiB 30287 / 39396; reduce w4 4 MiB 2482 / 2673, 16 MiB 10203 / 11142, 64 MiB 42890 /
+#: 52838. Reduce at w2 tied (4 MiB 822 / 856, 16 MiB 2708 / 3006, 64 MiB 20956 / 21630 in
+#: one launch; 6 MiB 1456-1457 / 1327-1353, 8 MiB 1803-1892 / 1782-1831, 16 MiB 3534-3554
+#: / 3469-3496 in two more: its root receives half the array either way), so one rule
+#: serves the three rather than a row by world size. Beside Open MPI in the same ranks
+#: (bench/paired.py, 5 windows, two rounds of each source tree, ratio to Open MPI's time,
+#: pipe -> cma): allreduce 64 MiB w2 0.68-0.70 -> 0.52-0.57, w4 0.80-0.86 -> 0.61-0.62;
+#: 8 MiB w2 1.54-1.55 -> 0.97-1.13; reduce_scatter 64 MiB w4 0.37-0.40 -> 0.28-0.30;
+#: reduce 64 MiB w4 0.44-0.45 -> 0.37. Broadcast stays with the pipe there (w2 64 MiB 10282
+#: / 7843, w4 27415 / 24392). This limit keeps the EPYC machine's clear wins for the pipe
+#: (1-4 MiB) and takes the Xeon's above. It is a trade: on the EPYC machine the two tied at
+#: 8 MiB (801 / 803 us back to back), the pipe led by 8-27 % at 16 MiB back to back, and at
+#: 64 MiB the two split (timed alone, w2 15610 / 12926 cma's way, w4 36969 / 39452 the
+#: pipe's). Remeasure on such a machine before moving it.
+PIPE_MAX_REDUCE_BYTES = 4 * 1024 * 1024
 
 #: Every algorithm of every collective, by the name that forcing uses.
 ALGORITHMS: dict[str, tuple[str, ...]] = {
@@ -341,7 +376,7 @@ def allreduce(nbytes: int, shm_bytes: int, cma: bool, small_bytes: int) -> str:
     if nbytes <= shm_bytes:
         return "shm"
     if shm_bytes >= 0:
-        return "pipe"
+        return "cma" if cma and nbytes > PIPE_MAX_REDUCE_BYTES else "pipe"
     if cma and nbytes > CMA_MIN_BYTES:
         return "cma"
     if nbytes <= small_bytes:
@@ -394,7 +429,7 @@ def reduce_scatter(nbytes: int, small_bytes: int, shm_bytes: int = -1, cma: bool
     if nbytes <= shm_bytes:
         return "shm"
     if shm_bytes >= 0:
-        return "pipe"
+        return "cma" if cma and nbytes > PIPE_MAX_REDUCE_BYTES else "pipe"
     if cma and nbytes > CMA_MIN_REDUCE_SCATTER_BYTES:
         return "cma"
     return "recursive_halving" if nbytes <= small_bytes else "ring"
@@ -406,7 +441,7 @@ def reduce(nbytes: int, world_size: int, shm_bytes: int = -1, cma: bool = False)
     if nbytes <= shm_bytes:
         return "shm"
     if shm_bytes >= 0:
-        return "pipe"
+        return "cma" if cma and nbytes > PIPE_MAX_REDUCE_BYTES else "pipe"
     if cma and world_size >= 3 and nbytes > CMA_MIN_COPY_BYTES:
         return "cma"
     if nbytes <= SMALL_REDUCE_BYTES or world_size <= 2:

@@ -55,9 +55,11 @@ class ReduceMethods(CommunicatorCore):
         shared-memory allreduce (recursive doubling's tree over the ranks); a larger input
         streams through the segment's pipe, rank r reducing its block of the others'
         inputs, streamed to it chunk by chunk from ranks r - 1, r - 2, ... in turn, into its
-        own. Without a segment, above ``CMA_MIN_REDUCE_SCATTER_BYTES`` with cross-memory
-        attach (``"cma"``), rank r reads its block of every peer's input directly (peers
-        r + 1, r + 2, ...). Otherwise, up to ``SMALL_REDUCE_SCATTER_BYTES`` (and one chunk),
+        own; above ``PIPE_MAX_REDUCE_BYTES``, where cross-memory attach was agreed too, it
+        goes by cross-memory attach instead. By cross-memory attach (``"cma"``: with a
+        segment above ``PIPE_MAX_REDUCE_BYTES``, without one above
+        ``CMA_MIN_REDUCE_SCATTER_BYTES``), rank r reads its block of every peer's input
+        directly (peers r + 1, r + 2, ...). Otherwise, up to ``SMALL_REDUCE_SCATTER_BYTES`` (and one chunk),
         recursive halving: ``log2 p`` exchanges of halves of the array (p the largest power of two <= n, and two
         more steps when n is not one), in an order fixed by n (see the algorithms page);
         scratch: a copy of the array. Above, ring reduce-scatter: n-1 steps, each rank
@@ -145,8 +147,8 @@ class ReduceMethods(CommunicatorCore):
           order (recursive doubling's tree over the ranks, bitwise :meth:`allreduce`'s
           result); the root divides a mean once.
         - through the segment's pipe (on one host with a segment, larger arrays), or by
-          cross-memory attach (without a segment, at world 3 and more, above
-          ``CMA_MIN_COPY_BYTES``): as :meth:`reduce_scatter` by the same path, each rank
+          cross-memory attach (with a segment, above ``PIPE_MAX_REDUCE_BYTES``; without
+          one, at world 3 and more, above ``CMA_MIN_COPY_BYTES``): as :meth:`reduce_scatter` by the same path, each rank
           reducing its block (``[j * size // n, (j + 1) * size // n)``), whatever the root,
           and dividing a mean once; the root then receives the finished blocks.
         - by reduce-scatter + gather (above): the array is cut into ``world_size`` blocks

@@ -157,7 +157,7 @@ async def read_peer(world: World, spec: OpSpec, peer: int, address: int, into: n
         try:
             _cma.read_into(pid, address + done, local + done, step)
         except _cma.CmaError as exc:
-            raise world.links[peer].memory_failed(spec, exc) from exc
+            raise await world.links[peer].read_failed(spec, exc) from exc
         done += step
         if time.perf_counter() - since >= _SCHEDULE_EVERY_SECONDS:
             await trio.lowlevel.checkpoint()
