@@ -59,9 +59,10 @@ class ReduceMethods(CommunicatorCore):
         goes by cross-memory attach instead. By cross-memory attach (``"cma"``: with a
         segment above ``PIPE_MAX_REDUCE_BYTES``, without one above
         ``CMA_MIN_REDUCE_SCATTER_BYTES``), rank r reads its block of every peer's input
-        directly (peers r + 1, r + 2, ...). Otherwise, up to ``SMALL_REDUCE_SCATTER_BYTES`` (and one chunk),
-        recursive halving: ``log2 p`` exchanges of halves of the array (p the largest power of two <= n, and two
-        more steps when n is not one), in an order fixed by n (see the algorithms page);
+        directly (peers r + 1, r + 2, ...). Otherwise, up to ``SMALL_REDUCE_SCATTER_BYTES``
+        (and one chunk), recursive halving: ``log2 p`` exchanges of halves of the array (p
+        the largest power of two <= n, and two more steps when n is not one), in an order
+        fixed by n (see the algorithms page);
         scratch: a copy of the array. Above, ring reduce-scatter: n-1 steps, each rank
         sending and receiving ``(n-1)/n`` of the array, streamed in chunks; scratch: one
         block and one chunk.
@@ -148,9 +149,10 @@ class ReduceMethods(CommunicatorCore):
           result); the root divides a mean once.
         - through the segment's pipe (on one host with a segment, larger arrays), or by
           cross-memory attach (with a segment, above ``PIPE_MAX_REDUCE_BYTES``; without
-          one, at world 3 and more, above ``CMA_MIN_COPY_BYTES``): as :meth:`reduce_scatter` by the same path, each rank
-          reducing its block (``[j * size // n, (j + 1) * size // n)``), whatever the root,
-          and dividing a mean once; the root then receives the finished blocks.
+          one, at world 3 and more, above ``CMA_MIN_COPY_BYTES``): as
+          :meth:`reduce_scatter` by the same path, each rank reducing its block
+          (``[j * size // n, (j + 1) * size // n)``), whatever the root, and dividing a
+          mean once; the root then receives the finished blocks.
         - by reduce-scatter + gather (above): the array is cut into ``world_size`` blocks
           (block ``j``: elements ``[j * size // n, (j + 1) * size // n)``), each reduced as
           :meth:`reduce_scatter` reduces it (by the ring, ``x_j op (x_(j-1) op (... op
