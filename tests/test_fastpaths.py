@@ -52,6 +52,16 @@ def test_arrays_overwritten_on_return_with_fast_paths(tmp_path: Path, n: int) ->
     for report in reports:
         assert ("cma" in report["features"]) is CMA_HERE  # type: ignore[operator]
         assert ("shm" in report["features"]) is SHM_HERE  # type: ignore[operator]
+        calls = report["calls"]
+        assert isinstance(calls, dict)
+        if SHM_HERE:
+            # The stress's 1 and 2.5 MB calls go through the pipe...
+            for name in ("pipe_allreduce", "pipe_reduce_scatter", "pipe_reduce"):
+                assert calls.get(name, 0) >= 1, (name, calls)
+        if SHM_HERE and CMA_HERE:
+            # ...and its 8 MB ones, above PIPE_MAX_REDUCE_BYTES, by cross-memory attach.
+            for name in ("cma_allreduce", "cma_reduce_scatter", "cma_reduce"):
+                assert calls.get(name, 0) >= 1, (name, calls)
 
 
 def test_fallback_when_turned_off(tmp_path: Path) -> None:

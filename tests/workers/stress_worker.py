@@ -10,21 +10,45 @@ their result against numpy, and the other half overwrite their array with garbag
 the call returns: a rank that returned while a peer could still read its array would corrupt
 that peer's result, which the peer's check catches. ``STRESS_NO_CMA_RANK=r`` makes rank r
 refuse cross-memory attach, and ``STRESS_NO_SHM_RANK=r`` the shared segment, so every rank
-must fall back. Writes ``rank{r}.json`` (errors and
-the communicator's features) and exits 1 if any result was wrong.
+must fall back. Writes ``rank{r}.json`` (errors, the communicator's features, and how many
+calls each one-host algorithm of the reductions ran, so that the test knows the table sent
+calls both ways) and exits 1 if any result was wrong.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import trio
 
 import trioring
+from trioring._onehost import _cma_collectives, _pipe
+
+#: Calls of each one-host algorithm of the reductions, as the decision table chose them.
+CALLS: dict[str, int] = {}
+
+
+def count_calls(module: Any, name: str) -> None:
+    original = getattr(module, name)
+
+    @functools.wraps(original)
+    async def wrapper(*args: Any, **kwargs: Any) -> None:
+        CALLS[name] = CALLS.get(name, 0) + 1
+        await original(*args, **kwargs)
+
+    setattr(module, name, wrapper)
+
+
+for _name in ("cma_allreduce", "cma_reduce_scatter", "cma_reduce"):
+    count_calls(_cma_collectives, _name)
+for _name in ("pipe_allreduce", "pipe_reduce_scatter", "pipe_reduce"):
+    count_calls(_pipe, _name)
 
 DTYPES = ("int64", "int32", "float64", "float32", "uint8")
 
@@ -150,7 +174,7 @@ async def main(iterations: int, out_dir: Path) -> int:
                 await reductions(comm, i, dtype, count, op, inputs, checker, errors)
                 await copies(comm, i, dtype, count // n | 1, checker, errors)
             features = sorted(comm.features)
-    report = {"rank": rank, "errors": errors, "features": features}
+    report = {"rank": rank, "errors": errors, "features": features, "calls": CALLS}
     (out_dir / f"rank{rank}.json").write_text(json.dumps(report))
     return 1 if errors else 0
 
