@@ -229,7 +229,9 @@ class Link(LinkErrors):
         a rank killed in it (bench/fault_latency.py, Unix, 8 repetitions): the median
         survivor raised 64 ms after at world 4 and 78 at world 8 without this look (most of
         it the 50 ms look that every survivor then waited out for the others' news), 11-17
-        and 36 ms with it."""
+        and 25-53 ms with it (several runs of 8). Most of what is left comes before the read
+        fails: the kernel reports the peer gone only once the killed process has started
+        to exit, which, with eight processes on 2 cores, takes it tens of milliseconds."""
         between_frames = await self._raise_pending_abort(spec)
         failed = self.memory_failed(spec, error)
         failed._trioring_clean_close = between_frames
