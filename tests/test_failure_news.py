@@ -36,6 +36,12 @@ async def _vanish(comm: trioring.Communicator) -> None:
         await trio.aclose_forcefully(link.connection)
 
 
+async def _rank_1_tells_rank_0_it_was_cancelled(comm: trioring.Communicator) -> None:
+    """The abort frame rank 1 of a world would send rank 0 on giving up in allreduce #1."""
+    reason = "cancelled allreduce #1 (by the test)"
+    await comm._links[0].send_abort(AbortKind.CANCELLED, 1, 1, reason, 1)
+
+
 @pytest.mark.parametrize("world_size", [3, 4, 5])
 async def test_a_peer_gone_between_frames_is_reported_without_waiting_out_the_look(
     autojump_clock: trio.testing.MockClock, world_size: int
@@ -87,11 +93,7 @@ async def test_the_look_still_finds_the_cause_behind_a_silent_close(
     a word: rank 0, which waits on rank 2 first, must report rank 1's cancellation, the cause,
     and keep what it noticed first as a note."""
     async with open_local_world(3) as comms:
-        await (
-            comms[1]
-            ._links[0]
-            .send_abort(AbortKind.CANCELLED, 1, 1, "cancelled allreduce #1 (by the test)", 1)
-        )
+        await _rank_1_tells_rank_0_it_was_cancelled(comms[1])
         await _vanish(comms[2])
         with trio.fail_after(10), pytest.raises(trioring.PeerAbortedError) as info:
             await comms[0].allreduce(np.ones(4, np.float32))
@@ -115,11 +117,7 @@ async def test_a_failed_memory_read_tells_a_dead_peer_from_one_that_gave_up(
     spec = OpSpec(Kind.ALLREDUCE, 1)
     gone = OSError(errno.ESRCH, os.strerror(errno.ESRCH))
     async with open_local_world(3) as comms:
-        await (
-            comms[1]
-            ._links[0]
-            .send_abort(AbortKind.CANCELLED, 1, 1, "cancelled allreduce #1 (by the test)", 1)
-        )
+        await _rank_1_tells_rank_0_it_was_cancelled(comms[1])
         await _vanish(comms[1])
         await _vanish(comms[2])
         start = trio.current_time()

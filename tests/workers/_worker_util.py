@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import json
 import os
 import sys
@@ -71,6 +72,21 @@ def describe(exc: BaseException) -> dict[str, Any]:
             for sub in getattr(exc, "exceptions", ())
         ],
     }
+
+
+def count_calls(calls: dict[str, int], module: Any, name: str) -> None:
+    """Replace the async function ``module.name`` with one that counts its calls in
+    ``calls[name]``: how a worker tells its test which algorithm the decision table ran.
+    The collectives look their algorithm up on the module at each call, so this sees
+    them all."""
+    original = getattr(module, name)
+
+    @functools.wraps(original)
+    async def wrapper(*args: Any, **kwargs: Any) -> None:
+        calls[name] = calls.get(name, 0) + 1
+        await original(*args, **kwargs)
+
+    setattr(module, name, wrapper)
 
 
 def write_atomically(path: Path, data: bytes) -> None:

@@ -15,12 +15,12 @@ Calls into the one-host algorithms are counted by wrapping them; the report
 
 from __future__ import annotations
 
-import functools
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
+import _worker_util
 import numpy as np
 import trio
 
@@ -33,14 +33,7 @@ CALLS: dict[str, int] = {}
 
 
 def count_calls(module: Any, name: str) -> None:
-    original = getattr(module, name)
-
-    @functools.wraps(original)
-    async def wrapper(*args: Any, **kwargs: Any) -> None:
-        CALLS[name] = CALLS.get(name, 0) + 1
-        await original(*args, **kwargs)
-
-    setattr(module, name, wrapper)
+    _worker_util.count_calls(CALLS, module, name)
 
 
 for _name in ("shm_allreduce", "shm_broadcast", "shm_barrier"):

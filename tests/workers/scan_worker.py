@@ -19,7 +19,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import signal
@@ -28,6 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _worker_util
 import numpy as np
 import trio
 
@@ -91,14 +91,7 @@ def kill_at_third_reduction() -> None:
 
 
 def count_calls(module: Any, name: str) -> None:
-    original = getattr(module, name)
-
-    @functools.wraps(original)
-    async def wrapper(*args: Any, **kwargs: Any) -> None:
-        CALLS[name] = CALLS.get(name, 0) + 1
-        await original(*args, **kwargs)
-
-    setattr(module, name, wrapper)
+    _worker_util.count_calls(CALLS, module, name)
 
 
 BITWISE_DTYPES = ("int8", "uint16", "int32", "uint64", "int64", "bool")

@@ -17,13 +17,13 @@ calls both ways) and exits 1 if any result was wrong.
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
+import _worker_util
 import numpy as np
 import trio
 
@@ -35,14 +35,7 @@ CALLS: dict[str, int] = {}
 
 
 def count_calls(module: Any, name: str) -> None:
-    original = getattr(module, name)
-
-    @functools.wraps(original)
-    async def wrapper(*args: Any, **kwargs: Any) -> None:
-        CALLS[name] = CALLS.get(name, 0) + 1
-        await original(*args, **kwargs)
-
-    setattr(module, name, wrapper)
+    _worker_util.count_calls(CALLS, module, name)
 
 
 for _name in ("cma_allreduce", "cma_reduce_scatter", "cma_reduce"):
