@@ -120,16 +120,17 @@ async def test_a_failed_memory_read_tells_a_dead_peer_from_one_that_gave_up(
         await _rank_1_tells_rank_0_it_was_cancelled(comms[1])
         await _vanish(comms[1])
         await _vanish(comms[2])
+        links = comms[0]._links
         start = trio.current_time()
         with trio.fail_after(10):
-            error = await comms[0]._links[2].read_failed(spec, gone)
+            error = await links[2].explained(spec, links[2].memory_failed(spec, gone))
         assert trio.current_time() - start < _PENDING_ABORT_SECONDS
         assert isinstance(error, trioring.PeerFailedError), error
         assert error.peer == 2, error
         assert error._trioring_clean_close, error
         assert "could not read the memory of peer rank 2 (No such process" in str(error)
         with trio.fail_after(10), pytest.raises(trioring.PeerAbortedError) as info:
-            await comms[0]._links[1].read_failed(spec, gone)
+            await links[1].explained(spec, links[1].memory_failed(spec, gone))
     assert info.value.peer == 1, info.value
     assert "cancelled allreduce #1 (by the test)" in str(info.value)
 

@@ -186,10 +186,7 @@ class Link(LinkErrors):
                 # the whole frame (see SocketConnection.send_rest).
                 await fast.send_rest(views)
         except trio.BrokenResourceError as exc:
-            between_frames = await self._raise_pending_abort(spec)
-            error = self._broken(spec, "sending", exc)
-            error._trioring_clean_close = between_frames
-            raise error from exc
+            raise await self.explained(spec, self._broken(spec, "sending", exc)) from exc
         except trio.ClosedResourceError as exc:
             raise self.closed_error(spec) from exc
         self.send_waiting = None
@@ -219,23 +216,26 @@ class Link(LinkErrors):
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
             await self.connection.send_all(header, data)
 
-    async def read_failed(self, spec: OpSpec, error: OSError) -> CollectiveError:
-        """The error for a failed cross-memory read of this link's peer's memory: the abort
-        frame the peer left on this link, if it gave up and said why (that frame is raised
-        here), else :meth:`memory_failed`'s, marked as a clean close when the look found
-        the connection ended between two frames without a word, as a failed send is: the
-        peer itself died, so this rank may tell the others at once (see
-        ``CommunicatorCore._relayed_cause``). A 64 MiB allreduce by cross-memory attach,
-        a rank killed in it (bench/fault_latency.py, Unix, 8 repetitions): the median
-        survivor raised 64 ms after at world 4 and 78 at world 8 without this look (most of
-        it the 50 ms look that every survivor then waited out for the others' news), 11-17
-        and 25-53 ms with it (several runs of 8). Most of what is left comes before the read
-        fails: the kernel reports the peer gone only once the killed process has started
-        to exit, which, with eight processes on 2 cores, takes it tens of milliseconds."""
-        between_frames = await self._raise_pending_abort(spec)
-        failed = self.memory_failed(spec, error)
-        failed._trioring_clean_close = between_frames
-        return failed
+    async def explained(self, spec: OpSpec, error: CollectiveError) -> CollectiveError:
+        """What to raise for ``error``, this link's failure noticed without reading from it
+        (a send that broke, a cross-memory read of the peer's memory that failed): the
+        abort frame the peer left on this link, if it gave up and said why (that frame is
+        raised here), else ``error``, marked as a clean close when the look found the
+        connection ended between two frames without a word: the peer itself died, so this
+        rank may tell the others at once (see ``CommunicatorCore._relayed_cause``)."""
+        error._trioring_clean_close = await self._raise_pending_abort(spec)
+        return error
+
+    def _closed_by_peer(self, spec: OpSpec, done: int, total: int, what: str) -> PeerFailedError:
+        """The error for a connection that ended after ``done`` of ``total`` bytes of
+        ``what``; before the first byte of a frame, a clean close."""
+        error = self._failed(
+            spec,
+            f"was closed by the peer after {done} of {total} bytes of {what} "
+            "(the peer exited, crashed or closed its communicator)",
+        )
+        error._trioring_clean_close = what == _FIRST_HEADER and not done
+        return error
 
     # -- receiving ---------------------------------------------------------------------
 
@@ -505,14 +505,7 @@ class Link(LinkErrors):
         while view.nbytes:
             got = await self._recv_some(spec, view, what)
             if not got:
-                done = total - view.nbytes
-                error = self._failed(
-                    spec,
-                    f"was closed by the peer after {done} of {total} bytes of {what} "
-                    "(the peer exited, crashed or closed its communicator)",
-                )
-                error._trioring_clean_close = what == _FIRST_HEADER and not done
-                raise error
+                raise self._closed_by_peer(spec, total - view.nbytes, total, what)
             view = view[got:]
 
     async def recv(self, spec: OpSpec, offset: int, into: memoryview) -> None:
@@ -556,13 +549,7 @@ class Link(LinkErrors):
                 spec, buffer[have:], _FIRST_HEADER if not have else "the rest of a frame header"
             )
             if not got:
-                error = self._failed(
-                    spec,
-                    f"was closed by the peer after {have} of {HEADER.size} bytes of a frame "
-                    "header (the peer exited, crashed or closed its communicator)",
-                )
-                error._trioring_clean_close = have == 0
-                raise error
+                raise self._closed_by_peer(spec, have, HEADER.size, _FIRST_HEADER)
             have += got
         self._pending = buffer[HEADER.size : have]
 

@@ -157,7 +157,17 @@ async def read_peer(world: World, spec: OpSpec, peer: int, address: int, into: n
         try:
             _cma.read_into(pid, address + done, local + done, step)
         except _cma.CmaError as exc:
-            raise await world.links[peer].read_failed(spec, exc) from exc
+            # The peer's connection says whether it gave up (its abort frame) or died (a
+            # clean close, which this rank may tell the others at once). A rank killed in
+            # a 64 MiB allreduce by cross-memory attach (bench/fault_latency.py, Unix, 8
+            # repetitions): the median survivor raised 64 ms after at world 4 and 78 at
+            # world 8 without that look (most of it the 50 ms look that every survivor then
+            # waited out for the others' news), 11-17 and 25-53 ms with it (several runs).
+            # Most of what is left comes before the read fails: the kernel reports the peer
+            # gone only once the killed process has started to exit, which, with eight
+            # processes on 2 cores, takes tens of milliseconds.
+            link = world.links[peer]
+            raise await link.explained(spec, link.memory_failed(spec, exc)) from exc
         done += step
         if time.perf_counter() - since >= _SCHEDULE_EVERY_SECONDS:
             await trio.lowlevel.checkpoint()
