@@ -184,9 +184,10 @@ def test_phases_script_runs(collective: str) -> None:
 def test_floor_worker_results(ranks: int) -> None:
     """bench/_floor_worker.py, the floor that bench/paired.py times beside trioring and Open
     MPI, is only a floor if it does the whole work: forked ranks run every collective at
-    three sizes (up to its 256 KiB slot), back to back, both as plain calls and as Trio
-    calls with their schedule point (paired.py's fourth side), and it fails on any wrong
-    result or a rank that does not finish."""
+    three sizes up to its 256 KiB slot, and at two above it by bench/_copy_floor.py's
+    single copies (odd counts, one across its reductions' chunks), back to back, both as
+    plain calls and as Trio calls with their schedule point (paired.py's fourth side), and
+    it fails on any wrong result or a rank that does not finish."""
     script = Path(__file__).resolve().parents[1] / "bench" / "_floor_worker.py"
     # Its own session, so that if the script itself overruns, its forked ranks (which poll
     # forever for a peer that never comes) go down with it.
@@ -205,3 +206,7 @@ def test_floor_worker_results(ranks: int) -> None:
         pytest.fail(f"the floor's self-check overran its own deadline:\n{stdout}{stderr}")
     assert process.returncode == 0, stdout + stderr
     assert f"world {ranks}: every result right" in stdout, stdout
+    # Forked siblings may read each other's memory unless Yama says otherwise.
+    scope = Path("/proc/sys/kernel/yama/ptrace_scope")
+    if not scope.exists() or scope.read_text().strip() == "0":
+        assert "single copies (process_vm_readv): checked" in stdout, stdout

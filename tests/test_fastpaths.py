@@ -135,6 +135,27 @@ def test_cma_reads_and_reports_errors() -> None:
     assert info.value.errno == errno.ESRCH
 
 
+def test_data_address_is_where_the_data_is() -> None:
+    """The cheap address (through the buffer protocol) is numpy's own for every array a
+    collective may expose or fill, and the fallback covers the ones the buffer protocol
+    refuses: read-only, empty, not contiguous."""
+    base = np.arange(4096, dtype=np.float32)
+    read_only = base.copy()
+    read_only.flags.writeable = False
+    arrays = {
+        "whole": base,
+        "offset view": base[17:1000],
+        "2-d": base.reshape(64, 64),
+        "read-only": read_only,
+        "read-only view": read_only[5:],
+        "empty": np.empty(0, np.float64),
+        "strided": base[::2],
+        "memmap-like bytes": base.view(np.uint8)[3:],
+    }
+    for name, array in arrays.items():
+        assert _cma.data_address(array) == array.ctypes.data, name
+
+
 def test_spin_setting() -> None:
     assert spin_seconds({"TRIORING_SPIN_US": "0"}) == 0.0
     assert spin_seconds({"TRIORING_SPIN_US": "120"}) == pytest.approx(120e-6)

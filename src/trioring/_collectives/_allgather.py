@@ -26,6 +26,7 @@ import numpy as np
 
 from .. import _algorithms
 from .._onehost import _copies, _pipe
+from .._onehost._cma import data_address
 from .._onehost._shm import SHM_MAX_BYTES
 from .._onehost._shm_collectives import shm_done
 from .._wire import DTYPE_CODES
@@ -213,7 +214,7 @@ def body_v(
     else:
         # Else the vector carries x's address, where cross-memory attach reads it (1.8 us
         # to ask for, in a call of 30: not asked for when x is in the slot).
-        address = flat.ctypes.data if world.peer_pids is not None and not in_slot else 0
+        address = data_address(flat) if world.peer_pids is not None and not in_slot else 0
         mine = np.array([rows, capacity, *trailing, address, flat.nbytes], dtype=np.int64)
     payload = (flat,) if in_slot else ()
 
@@ -284,7 +285,7 @@ def _is_block(flat: np.ndarray, gathered: np.ndarray, rank: int) -> bool:
     """Whether ``flat`` is exactly rank ``rank``'s block of ``gathered`` (in place)."""
     count = flat.shape[0]
     block = gathered[rank * count : (rank + 1) * count]
-    return bool(flat.ctypes.data == block.ctypes.data)
+    return data_address(flat) == data_address(block)
 
 
 def _place(flat: np.ndarray, gathered: np.ndarray, bounds: Sequence[int], rank: int) -> None:

@@ -34,6 +34,7 @@ import numpy as np
 
 from .. import _algorithms
 from .._onehost import _copies, _pipe
+from .._onehost._cma import data_address
 from .._onehost._shm import SHM_MAX_BYTES
 from .._onehost._shm_collectives import shm_done
 from .._wire import DTYPE_CODES
@@ -101,11 +102,10 @@ def plan_gather(
             return
         await agree(world, spec, name)
         if name == "cma":
-            if gathered is not None:
-                own = gathered[r * count : (r + 1) * count]
-                if not same_memory(flat, own):
-                    own[...] = flat
             await _copies.cma_gather(world, spec, flat, gathered, checked_root)
+            if gathered is not None and not in_place:
+                # Last, so that no peer waits for it (see _pipe._end).
+                gathered[r * count : (r + 1) * count] = flat
         else:
             await _algorithms.tree_gather(world, spec, flat, sizes, checked_root, gathered)
 
@@ -200,4 +200,4 @@ def plan_gatherv(
 
 def same_memory(a: np.ndarray, b: np.ndarray) -> bool:
     """Whether two flat arrays are the same memory."""
-    return bool(a.shape[0] == b.shape[0] and a.ctypes.data == b.ctypes.data)
+    return a.shape[0] == b.shape[0] and data_address(a) == data_address(b)

@@ -19,9 +19,10 @@ import sys
 from typing import TYPE_CHECKING, final
 
 if TYPE_CHECKING:
+    import numpy as np
     import trio
 
-__all__ = ["CmaError", "peer_pid", "read_into", "unavailable_reason"]
+__all__ = ["CmaError", "data_address", "peer_pid", "read_into", "unavailable_reason"]
 
 
 @final
@@ -93,6 +94,24 @@ def read_into(pid: int, remote: int, local: int, nbytes: int) -> None:
         if got == 0:
             raise CmaError(errno.EFAULT, "the peer's buffer ended early")
         done += got
+
+
+_char_at = ctypes.c_char.from_buffer
+_address_of = ctypes.addressof
+
+
+def data_address(array: np.ndarray) -> int:
+    """The address of the first byte of ``array`` (C-contiguous), as ``array.ctypes.data``
+    but cheaper where it can be: through the buffer protocol, which takes a writable
+    buffer of at least a byte, and falls back to ``ctypes.data`` for the others (read-only
+    or empty arrays). ``ctypes.data`` makes a Python object each time: 1.0 us, and 19 us
+    from the caches that a large call's copies leave (timed after a pass over 16 MiB),
+    against 0.28 and 6.9 through the buffer; a call by cross-memory attach asks for one
+    address per array it exposes and one per read."""
+    try:
+        return int(_address_of(_char_at(array)))  # type: ignore[arg-type]  # numpy arrays are buffers
+    except (TypeError, ValueError):  # read-only (TypeError), empty (ValueError)
+        return int(array.ctypes.data)
 
 
 def peer_pid(sock: trio.socket.SocketType) -> int:

@@ -81,7 +81,7 @@ async def expose(
     slots = world.shm
     if slots is None:
         if exposed is not None:
-            mine = memoryview(ANNOUNCE.pack(exposed.ctypes.data, exposed.nbytes))
+            mine = memoryview(ANNOUNCE.pack(_cma.data_address(exposed), exposed.nbytes))
             for peer in readers:
                 await world.links[peer].send(spec, 0, mine)
         if meanwhile is not None:
@@ -90,7 +90,7 @@ async def expose(
     rows = slots.rows(spec.seq & 1, _WORDS, 2)
     await shm_claim(world, spec)
     own = rows[world.rank]
-    own[0] = 0 if exposed is None else exposed.ctypes.data
+    own[0] = 0 if exposed is None else _cma.data_address(exposed)
     own[1] = 0 if exposed is None else exposed.nbytes
     shm_publish(world, spec, ANNOUNCE.size)
     if meanwhile is not None:
@@ -149,7 +149,7 @@ async def read_peer(world: World, spec: OpSpec, peer: int, address: int, into: n
     cost more than the copy itself at a few MiB)."""
     assert world.peer_pids is not None
     pid = world.peer_pids[peer]
-    local = into.ctypes.data
+    local = _cma.data_address(into)
     done, total = 0, into.nbytes
     since = time.perf_counter()
     while done < total:
@@ -261,10 +261,10 @@ async def _reduce_segments(
         finals = world.shm.rows(spec.seq & 1, _WORDS, 4)[:, 2:]
         if not kept:
             # Beside this rank's address in its slot, stored before the ready word.
-            finals[r] = (mine.ctypes.data, mine.nbytes)
+            finals[r] = (_cma.data_address(mine), mine.nbytes)
         await shm_ready(world, spec)
     else:
-        where = b"" if kept else ANNOUNCE.pack(mine.ctypes.data, mine.nbytes)
+        where = b"" if kept else ANNOUNCE.pack(_cma.data_address(mine), mine.nbytes)
         for peer in copiers:
             await world.links[peer].send(spec, 1, memoryview(where))
     for peer in sources:

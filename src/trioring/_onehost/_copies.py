@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ._cma import data_address
 from ._cma_collectives import address_of, expose, finish, read_peer
 from ._shm import SHM_MAX_BYTES
 from ._shm_collectives import shm_claim, shm_done, shm_exchange, shm_publish, shm_wait
@@ -242,7 +243,8 @@ async def cma_gather(
     world: World, spec: OpSpec, flat: np.ndarray, gathered: np.ndarray | None, root: int
 ) -> None:
     """Every rank's ``flat`` into root's ``gathered``, the root reading each peer's block
-    into its place; the root's own block must already be in place."""
+    into its place. The root's own block is the caller's to copy, after this returns: the
+    peers return once the root's done word is out, so that copy holds up nobody."""
     count = flat.shape[0]
     if world.rank != root:
         await _copy(world, spec, flat, [root], {})
@@ -278,7 +280,7 @@ async def cma_scatter(
 def scatter_address(blocks: np.ndarray) -> np.ndarray:
     """What a scatter's root publishes in its header round, after the header, when the
     blocks go by cross-memory attach: their address and size, as :func:`expose` would."""
-    return np.array([blocks.ctypes.data, blocks.nbytes], dtype=np.uint64)
+    return np.array([data_address(blocks), blocks.nbytes], dtype=np.uint64)
 
 
 def scatter_words(rows: np.ndarray, header_nbytes: int) -> np.ndarray:

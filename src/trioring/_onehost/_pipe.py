@@ -47,7 +47,14 @@ import trio
 
 from .._util import ignore_fp_errors
 from ._shm import CONSUMED, LINE, PIPE_CHUNK_BYTES, PIPE_CHUNKS, PRODUCED
-from ._shm_collectives import shm_claim, shm_finish, shm_publish, shm_reach, shm_wait
+from ._shm_collectives import (
+    shm_claim,
+    shm_done,
+    shm_finish,
+    shm_publish,
+    shm_reach,
+    shm_wait,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
@@ -181,10 +188,20 @@ async def _start(world: World, spec: OpSpec, nbytes: int) -> _Stream:
     return _Stream(world, spec)
 
 
-async def _end(stream: _Stream) -> None:
+async def _end(stream: _Stream, own: tuple[np.ndarray, np.ndarray] | None = None) -> None:
     """Check every publication if nothing did yet, then wait for every rank's done word:
-    the ring is free for the next call, and a rank that gave up makes every rank raise."""
+    the ring is free for the next call, and a rank that gave up makes every rank raise.
+
+    ``own`` (destination, source) is this rank's own block, which goes nowhere through the
+    ring: it is copied only after this rank's done word is out, while the peers finish,
+    so that no peer waits for it. Copied first, as it was, it held up every rank that
+    waits for this one: a gather's other ranks waited for the root's copy of its own block
+    before they could return (4 MiB at world 2, against Open MPI in the same ranks,
+    bench/paired.py, two rounds of each: 1.64-1.65 of its time before, 1.14-1.18 after)."""
     await stream.agree()
+    if own is not None:
+        shm_done(stream.world, stream.spec)
+        own[0][...] = own[1]
     await shm_finish(stream.world, stream.spec)
 
 
@@ -291,42 +308,43 @@ async def pipe_gather(
 ) -> None:
     """Every rank's ``flat`` into root's ``gathered`` (``in_place``: the root's ``flat`` is
     its block of it already): each rank streams its block to the root, which copies its
-    own block directly."""
+    own block directly at the end (see :func:`_end`)."""
     n, r, count = world.size, world.rank, flat.shape[0]
     stream = await _start(world, spec, flat.nbytes)
-    if r == root:
-        assert gathered is not None
-        if not in_place:
-            gathered[r * count : (r + 1) * count] = flat
     bounds = [q * count for q in range(n + 1)]
     await stream.run(_rooted(world, root, bounds, gathered, flat, to_root=True))
-    await _end(stream)
+    own = None
+    if r == root and not in_place:
+        assert gathered is not None
+        own = (gathered[r * count : (r + 1) * count], flat)
+    await _end(stream, own)
 
 
 async def pipe_scatter(
     world: World, spec: OpSpec, blocks: np.ndarray | None, out: np.ndarray, root: int
 ) -> None:
     """Root's ``blocks`` (``n * out.size`` elements), block i streamed to rank i's ``out``;
-    the root copies its own block directly. The call was published already (the scatter's
-    header round, which also agreed on it), so this only streams, then waits for every
-    rank's done word."""
+    the root copies its own block directly at the end (see :func:`_end`). The call was
+    published already (the scatter's header round, which also agreed on it), so this only
+    streams, then waits for every rank's done word."""
     n, r, count = world.size, world.rank, out.shape[0]
     stream = _Stream(world, spec, agreed=True)
-    if r == root:
-        assert blocks is not None
-        out[...] = blocks[r * count : (r + 1) * count]
     bounds = [q * count for q in range(n + 1)]
     await stream.run(_rooted(world, root, bounds, blocks, out, to_root=False))
-    await shm_finish(world, spec)
+    own = None
+    if r == root:
+        assert blocks is not None
+        own = (out, blocks[r * count : (r + 1) * count])
+    await _end(stream, own)
 
 
 async def pipe_alltoall(world: World, spec: OpSpec, flat: np.ndarray, out: np.ndarray) -> None:
     """Block j of every rank's ``flat`` (``n`` blocks) to rank j, streamed into block i of
-    its ``out`` for rank i's; each rank copies its own block directly."""
+    its ``out`` for rank i's; each rank copies its own block directly at the end (see
+    :func:`_end`)."""
     n, r = world.size, world.rank
     count = flat.shape[0] // n
     stream = await _start(world, spec, flat.nbytes)
-    out[r * count : (r + 1) * count] = flat[r * count : (r + 1) * count]
     step = _step(flat)
 
     def mine(writer: int, reader: int, start: int, stop: int) -> np.ndarray | None:
@@ -343,7 +361,7 @@ async def pipe_alltoall(world: World, spec: OpSpec, flat: np.ndarray, out: np.nd
         for writer in range(n)
         for reader in [(writer + shift) % n]
     )
-    await _end(stream)
+    await _end(stream, (out[r * count : (r + 1) * count], flat[r * count : (r + 1) * count]))
 
 
 def _reductions(
