@@ -37,6 +37,7 @@ import tempfile
 import time
 from typing import TYPE_CHECKING, Any
 
+import _copy_floor
 import numpy as np
 import trio
 from _harness import exchanged, rows
@@ -85,20 +86,39 @@ class Segment:
             while counters[at] < calls:
                 yield_()
 
-    async def scheduled_sync(self) -> bool:
-        """:meth:`sync` with the one schedule point a Trio call owes, taken as trioring's
-        segment takes it: as the first look of a wait that must wait (the peers catch up
-        meanwhile). Whether it took it (if not, the caller takes it after the call)."""
+    async def scheduled_sync(self, owed: bool = True) -> bool:
+        """:meth:`sync` with the one schedule point a Trio call owes (while ``owed``: a call
+        that publishes more than once owes only one), taken as trioring's segment takes it:
+        as the first look of a wait that must wait (the peers catch up meanwhile). Whether
+        it took it (if not, the caller takes it after the call)."""
         counters, calls, yield_ = self._counters, self.calls, os.sched_yield
         counters[self._mine] = calls
-        scheduled = False
+        scheduled = not owed
         for at in self._peers:
             if counters[at] < calls and not scheduled:
                 scheduled = True
                 await trio.lowlevel.checkpoint()
             while counters[at] < calls:
                 yield_()
-        return scheduled
+        return scheduled and owed
+
+    def share(self, values: list[int]) -> list[list[int]]:
+        """Every rank's ``values`` (at most 7 words each, the same number on every rank):
+        this rank's go into its counter's cache line, then two calls' worth of counters
+        make sure that every rank has written its own before any reads them, and has read
+        them all before any rank writes the next ones. For bench/_copy_floor.py's
+        addresses."""
+        width = len(values)
+        assert width < _LINE // 8
+        for i, value in enumerate(values, start=self._mine + 1):
+            self._counters[i] = value
+        self.start()
+        self.sync()
+        lines = [q * _LINE // 8 for q in range(self.n)]
+        shared = [list(self._counters[at + 1 : at + 1 + width]) for at in lines]
+        self.start()
+        self.sync()
+        return shared
 
 
 def plain(segment: Segment, steps: Callable[[], Iterator[None]]) -> Callable[[], None]:
@@ -125,7 +145,7 @@ def scheduled(
     async def call() -> None:
         took = False
         for _ in steps():
-            took = await sync()
+            took = await sync(not took) or took
         if not took:
             await trio.lowlevel.cancel_shielded_checkpoint()
 
@@ -317,6 +337,14 @@ def prepare(
     return None
 
 
+def prepare_any(
+    segment: Segment, collective: str, count: int
+) -> tuple[Callable[[], None], Callable[[], Iterator[None]], Callable[[], bool]] | None:
+    """:func:`prepare` where the call fits the slots, else bench/_copy_floor.py's floor of
+    the single-copy design (every collective but the barrier)."""
+    return prepare(segment, collective, count) or _copy_floor.prepare(segment, collective, count)
+
+
 _COLLECTIVES = (
     "barrier", "allreduce", "broadcast", "reduce", "allgather", "reduce_scatter", "gather",
     "scatter", "alltoall",
@@ -329,9 +357,19 @@ def _check_rank(mapping: mmap.mmap, r: int, n: int, calls: int) -> int:
     segment = Segment(mapping, r, n)
 
     async def check_all() -> int:
+        refused = False
         for collective in _COLLECTIVES:
-            for count in (1, 3 * n + 1, MAX_BYTES // 4):
-                prepared = prepare(segment, collective, count)
+            # The slots' sizes, then two of the single-copy floor's (bench/_copy_floor.py):
+            # odd counts, one of them across its reductions' chunks.
+            counts = [1, 3 * n + 1, MAX_BYTES // 4]
+            if collective != "barrier":
+                counts += [MAX_BYTES // 4 + 3 * n + 1, _copy_floor.CHUNK_BYTES // 2 + 5]
+            for count in counts:
+                prepared = prepare_any(segment, collective, count)
+                if prepared is None and count * 4 > MAX_BYTES:
+                    # Every rank returns None here alike (see _copy_floor.Reader).
+                    refused = True
+                    continue
                 if prepared is None:
                     print(f"floor: rank {r}: {collective} of {count} did not fit", flush=True)
                     return 1
@@ -346,6 +384,9 @@ def _check_rank(mapping: mmap.mmap, r: int, n: int, calls: int) -> int:
                     if not check():
                         print(f"floor: rank {r}: wrong {collective} of {count}", flush=True)
                         return 1
+        if r == 0:
+            done = "refused between these ranks" if refused else "checked"
+            print(f"floor: single copies (process_vm_readv): {done}", flush=True)
         return 0
 
     return trio.run(check_all)

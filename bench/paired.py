@@ -22,12 +22,16 @@ median over the windows of its block medians, and the median (and range) over wi
 the per-window ratio trioring / Open MPI. Every result of every side is checked; a wrong
 one fails the run.
 
-Cells of up to 256 KiB have a third side, timed in the same windows: the floor of trioring's
-shared-segment design (bench/_floor_worker.py), the same copies and reductions through a
-shared mapping with no event loop, no checks and no call identity (its untimed barrier is
-Open MPI's). Its ratio to Open MPI's time bounds what any Python library built that way
-could reach at that size here; the gap from it to trioring's time is what trioring's call
-costs above its copies. A fourth side, in the same windows, is that floor as a Trio-native
+Every cell but the barrier's has a third side, timed in the same windows: up to 256 KiB the
+floor of trioring's shared-segment design (bench/_floor_worker.py), the same copies and
+reductions through a shared mapping with no event loop, no checks and no call identity (its
+untimed barrier is Open MPI's); above, the floor of a single-copy design
+(bench/_copy_floor.py): the reads by ``process_vm_readv`` and the reductions that trioring's
+cross-memory algorithms make, with nothing but the counters that keep them correct. Its
+ratio to Open MPI's time bounds what any Python library built that way could reach at that
+size here; the gap from it to trioring's time is what trioring's call costs above its
+copies (or, where trioring takes the segment's pipe, what its two copies cost against one).
+A fourth side, in the same windows, is that floor as a Trio-native
 call must at least be: the same steps in the ranks' Trio event loop (trioring's own, with
 its communicator open and idle), with the one schedule point every public async function
 owes, taken where trioring's segment takes it (the first look of a wait that must wait,
@@ -76,7 +80,7 @@ def _rank(sizes: list[int], collectives: list[str], windows: int) -> None:
     from _floor_worker import (
         open_over,
         plain as plain_floor,
-        prepare as prepare_floor,
+        prepare_any as prepare_floor,
         scheduled as scheduled_floor,
     )
     from mpi4py import MPI
