@@ -240,20 +240,21 @@ def _bare(message: str) -> str:
     return _JOB.sub("", message)
 
 
-def _check_cancelled(report: dict[str, Any], waited_for: str) -> str:
-    """The rank's deadline fired in allreduce #2 while it waited for ``waited_for``
-    (``"rank 2"``, ``"ranks 2 and 3"``): its one WARNING says so, and so do the note on
-    what escaped the allreduce and the next call's error. Returns the news its peers get."""
+def _check_cancelled(report: dict[str, Any], waited_for: str, name: str = "allreduce") -> str:
+    """The rank's deadline fired in ``name`` #2 (allreduce, or broadcast) while it waited
+    for ``waited_for`` (``"rank 2"``, ``"ranks 2 and 3"``): its one WARNING says so, and so
+    do the note on what escaped the call and the next call's error. Returns the news its
+    peers get."""
     rank = report["index"]
     warnings = [_bare(message) for level, message in report["log"] if level == "WARNING"]
     assert len(warnings) == 1, warnings
     match = re.fullmatch(
-        rf"rank {rank}: allreduce #2 cancelled after (\d+\.\d) s while waiting for {waited_for}",
+        rf"rank {rank}: {name} #2 cancelled after (\d+\.\d) s while waiting for {waited_for}",
         warnings[0],
     )
     assert match is not None, warnings
     assert 1.0 <= float(match[1]) < 5.0, warnings  # real time, on a loaded machine
-    step = _step(report, "allreduce")
+    step = _step(report, name)
     assert step["error"]["type"] == "TooSlowError", step
     assert step["escaped_is_cancellation"], step
     assert [_bare(note) for note in step["escaped_notes"]] == warnings, step
@@ -261,19 +262,19 @@ def _check_cancelled(report: dict[str, Any], waited_for: str) -> str:
     assert broken["type"] == "CommunicatorBrokenError", broken
     assert broken["cause_is_cancellation"], broken
     assert _bare(broken["message"]) == (
-        f"rank {rank}: barrier #3: the communicator is broken since allreduce #2 was "
+        f"rank {rank}: barrier #3: the communicator is broken since {name} #2 was "
         f"cancelled after {match[1]} s while waiting for {waited_for}; open a new communicator"
     )
-    return f"rank {rank} cancelled allreduce #2 after {match[1]} s while waiting for {waited_for}"
+    return f"rank {rank} cancelled {name} #2 after {match[1]} s while waiting for {waited_for}"
 
 
-def _check_told(report: dict[str, Any], canceller: int, news: str) -> None:
-    """The rank's allreduce #2 ended with ``canceller``'s abort frame, saying ``news``."""
+def _check_told(report: dict[str, Any], canceller: int, news: str, name: str = "allreduce") -> None:
+    """The rank's ``name`` #2 ended with ``canceller``'s abort frame, saying ``news``."""
     rank = report["index"]
-    error = _error(report, "allreduce")
+    error = _error(report, name)
     assert error["type"] == "PeerAbortedError", error
     assert (error["peer"], error["reason"]) == (canceller, "cancelled"), error
-    assert _bare(error["message"]) == f"rank {rank}: allreduce #2: {news}", error
+    assert _bare(error["message"]) == f"rank {rank}: {name} #2: {news}", error
     assert not [message for level, message in report["log"] if level == "WARNING"], report["log"]
 
 
@@ -321,3 +322,18 @@ def test_on_the_shared_segment_every_late_rank_is_named(worlds: Worlds) -> None:
     assert all("shm" in report["features"] for report in reports), reports
     news = _check_cancelled(reports[0], waited_for="ranks 2 and 3")
     _check_told(reports[1], 0, news)
+
+
+@pytest.mark.skipif(not trioring.is_available("shm"), reason=f"no shm: {_shm.unavailable_reason()}")
+def test_a_broadcast_names_the_root_it_waited_for(worlds: Worlds) -> None:
+    """The root (rank 2) stays out of broadcast #2. Its other ranks take their schedule
+    point before they wait on the segment (``shm_point``), not as the wait's first look;
+    the wait still notes when it began and whom it waits for, so rank 0, the one with a
+    deadline, says it waited a second for rank 2, and rank 1 is told."""
+    world = worlds.start(
+        SCRIPT, "deadline", world_size=3, mode="unix-dir", args=["0", "2", "broadcast"]
+    )
+    reports = _finish(world)
+    assert all("shm" in report["features"] for report in reports), reports
+    news = _check_cancelled(reports[0], waited_for="rank 2", name="broadcast")
+    _check_told(reports[1], 0, news, name="broadcast")

@@ -1,13 +1,16 @@
 """Worker for ``test_deadlines.py``: one rank of a world in which a caller's deadline fires
-inside a collective. Run as ``deadline_worker.py deadline OUT_DIR INDEX DEADLINED ABSENT``
-(see ``_worker_util``): ``DEADLINED`` and ``ABSENT`` are comma-separated ranks.
+inside a collective. Run as ``deadline_worker.py deadline OUT_DIR INDEX DEADLINED ABSENT
+[COLLECTIVE]`` (see ``_worker_util``): ``DEADLINED`` and ``ABSENT`` are comma-separated
+ranks; ``COLLECTIVE`` is ``allreduce`` (the default) or ``broadcast`` (from the lowest
+absent rank).
 
-Every rank allreduces 4 bytes once (``agreed``). Then the ranks in ``DEADLINED`` allreduce
-again under ``trio.fail_after(DEADLINE_S)``, the other present ranks without a deadline of
-their own, while the ranks in ``ABSENT`` stay out until every present rank is done (they
-then enter and raise). Every rank then calls a barrier, on its broken communicator. The
-report holds every step's error, the notes of what escaped the deadlined allreduce, the
-WARNING records of the ``trioring`` logger and the communicator's features.
+Every rank allreduces 4 bytes once (``agreed``). Then the ranks in ``DEADLINED`` call the
+collective (step ``allreduce`` or ``broadcast``) under ``trio.fail_after(DEADLINE_S)``, the
+other present ranks without a deadline of their own, while the ranks in ``ABSENT`` stay out
+until every present rank is done (they then enter and raise). Every rank then calls a
+barrier, on its broken communicator. The report holds every step's error, the notes of what
+escaped the deadlined call, the WARNING records of the ``trioring`` logger and the
+communicator's features.
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ async def scenario_deadline(
     reporter: Reporter, comm: trioring.Communicator, args: list[str]
 ) -> None:
     deadlined, absent = _ranks(args[0]), _ranks(args[1])
+    name = args[2] if len(args) > 2 else "allreduce"
     records: list[list[Any]] = []
     logging.getLogger("trioring").addHandler(_Records(records))
     reporter.report.update(log=records, features=sorted(comm.features))
@@ -54,33 +58,39 @@ async def scenario_deadline(
     if await reporter.step("agreed", lambda: comm.allreduce(array), hang_after=HANG_S) is not None:
         return
     present = [rank for rank in range(comm.world_size) if rank not in absent]
+
+    def call() -> Any:
+        if name == "broadcast":
+            return comm.broadcast(array, root=min(absent))
+        return comm.allreduce(array)
+
     if comm.rank in absent:
         with trio.fail_after(HANG_S):
             for rank in present:
                 await reporter.wait_for(f"w{rank}.done")
-        await reporter.step("allreduce", lambda: comm.allreduce(array), hang_after=HANG_S)
+        await reporter.step(name, call, hang_after=HANG_S)
     elif comm.rank in deadlined:
         started = time.monotonic()
         escaped: BaseException | None = None
         try:
             with trio.fail_after(DEADLINE_S):
                 try:
-                    await comm.allreduce(array)
+                    await call()
                 except BaseException as exc:
                     escaped = exc
                     raise
         except Exception as exc:
             reporter.record(
-                "allreduce",
+                name,
                 started,
                 exc,
                 escaped_is_cancellation=_worker_util.is_cancellation(escaped),
                 escaped_notes=list(getattr(escaped, "__notes__", [])),
             )
         else:
-            reporter.record("allreduce", started, None)
+            reporter.record(name, started, None)
     else:
-        await reporter.step("allreduce", lambda: comm.allreduce(array), hang_after=HANG_S)
+        await reporter.step(name, call, hang_after=HANG_S)
     reporter.mark("done")
     await reporter.step("barrier", comm.barrier, hang_after=HANG_S)
 
