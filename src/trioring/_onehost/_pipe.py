@@ -197,7 +197,7 @@ async def _end(stream: _Stream, own: tuple[np.ndarray, np.ndarray] | None = None
     so that no peer waits for it. Copied first, as it was, it held up every rank that
     waits for this one: a gather's other ranks waited for the root's copy of its own block
     before they could return (4 MiB at world 2, against Open MPI in the same ranks,
-    bench/paired.py, two rounds of each: 1.64-1.65 of its time before, 1.14-1.18 after)."""
+    bench/paired.py, two rounds of each: 1.55-1.66 of its time before, 1.09-1.16 after)."""
     await stream.agree()
     if own is not None:
         shm_done(stream.world, stream.spec)
