@@ -24,20 +24,21 @@ can reach here at that size; where trioring's table picks the segment's pipe ins
 copies, through a ring of chunks), trioring's time is the pipe's and the floor still says
 what a single copy costs.
 
-It relies on the ranks running as the same user with no Yama or seccomp rule against
-``process_vm_readv`` between them (trioring's "cma" feature probes the same); the tests run
-``bench/_floor_worker.py --check``, which checks this floor too.
+It reads by trioring's own ``process_vm_readv`` call (``trioring._onehost._cma``), and it
+relies on the ranks running as the same user with no Yama or seccomp rule against it between
+them (trioring's "cma" feature probes the same; where it is refused the cell has no floor);
+the tests run ``bench/_floor_worker.py --check``, which checks this floor too.
 """
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import os
 from typing import TYPE_CHECKING
 
 import numpy as np
 from _harness import exchanged, rows
+
+from trioring._onehost._cma import read_into
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -49,23 +50,6 @@ MIN_BYTES = 256 * 1024 + 1
 #: Reductions read a peer's block through a scratch buffer of this size, trioring's default
 #: chunk (DEFAULT_CHUNK_BYTES), so that the reduction finds what it reads in the cache.
 CHUNK_BYTES = 1024 * 1024
-
-
-class _IOVec(ctypes.Structure):
-    _fields_ = (("base", ctypes.c_void_p), ("length", ctypes.c_size_t))
-
-
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-_readv = _libc.process_vm_readv
-_readv.restype = ctypes.c_ssize_t
-_readv.argtypes = (
-    ctypes.c_int,
-    ctypes.POINTER(_IOVec),
-    ctypes.c_ulong,
-    ctypes.POINTER(_IOVec),
-    ctypes.c_ulong,
-    ctypes.c_ulong,
-)
 
 
 class Reader:
@@ -90,14 +74,9 @@ class Reader:
         self.permitted = all(w[0] for w in segment.share([fine]))
 
     def read(self, peer: int, address: int, into: np.ndarray) -> None:
-        """Copy ``into.nbytes`` bytes from ``address`` in ``peer``'s memory into ``into``."""
-        nbytes = into.nbytes
-        local = _IOVec(into.ctypes.data, nbytes)
-        remote = _IOVec(address, nbytes)
-        got = _readv(self.pids[peer], ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
-        if got != nbytes:
-            code = ctypes.get_errno() if got < 0 else 0
-            raise OSError(code, f"process_vm_readv from rank {peer}: {got} of {nbytes} bytes")
+        """Copy ``into.nbytes`` bytes from ``address`` in ``peer``'s memory into ``into``,
+        by trioring's own ``process_vm_readv`` call (an ``OSError`` if refused)."""
+        read_into(self.pids[peer], address, into.ctypes.data, into.nbytes)
 
 
 def _reduce_in(

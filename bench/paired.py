@@ -22,7 +22,7 @@ median over the windows of its block medians, and the median (and range) over wi
 the per-window ratio trioring / Open MPI. Every result of every side is checked; a wrong
 one fails the run.
 
-Every cell but the barrier's has a third side, timed in the same windows: up to 256 KiB the
+Every cell has a third side, timed in the same windows: up to 256 KiB (and the barrier) the
 floor of trioring's shared-segment design (bench/_floor_worker.py), the same copies and
 reductions through a shared mapping with no event loop, no checks and no call identity (its
 untimed barrier is Open MPI's); above, the floor of a single-copy design
