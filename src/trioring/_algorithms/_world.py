@@ -43,9 +43,6 @@ class World:
     #: ends the wait there, to name those peers (see :func:`awaited_ranks`).
     shm_waiting: OpSpec | None = None
     shm_late: list[int] = attrs.field(factory=list)
-    #: The collective that took its schedule point before its first wait on the segment
-    #: (see ``_onehost._shm_collectives.shm_point``): that wait's first look then polls.
-    shm_pointed: int = -1
     #: The largest array the segment's reductions take here, once worked out (see
     #: ``_collectives._allreduce.shm_bytes``, which a communicator calls when it is made);
     #: -1 until then. Worked out on every call, it cost a 4-byte reduce_scatter at world 2

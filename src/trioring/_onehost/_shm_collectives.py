@@ -105,15 +105,17 @@ def shm_publish(world: World, spec: OpSpec, nbytes: int) -> None:
     slots.store(slots.own_word, spec.seq)
 
 
-async def shm_wait(world: World, spec: OpSpec) -> None:
+async def shm_wait(world: World, spec: OpSpec, *, pointed: bool = False) -> None:
     """Return once every peer has published ``spec``'s call; raise the precise error if a
-    peer published another call, gave up, or died."""
+    peer published another call, gave up, or died. ``pointed``: the call took its schedule
+    point already (:func:`shm_point`), so the wait's first look polls."""
     slots = world.shm
     assert slots is not None
     seq, seqs = spec.seq, slots.seqs
     for word in slots.peer_words:
         if seqs[word] < seq:
-            await _shm_poll(world, spec, [w for w in slots.peer_words if seqs[w] < seq])
+            late = [w for w in slots.peer_words if seqs[w] < seq]
+            await _shm_poll(world, spec, late, pointed=pointed)
             break
     headers = slots.headers[seq & 1]
     mine = headers[world.rank]
@@ -173,14 +175,16 @@ async def shm_reach(world: World, spec: OpSpec, words: list[int], target: int = 
             return
 
 
-async def _shm_poll(world: World, spec: OpSpec, late: list[int], target: int = 0) -> None:
+async def _shm_poll(
+    world: World, spec: OpSpec, late: list[int], target: int = 0, *, pointed: bool = False
+) -> None:
     """Wait until every word of ``late`` reaches ``target`` (default: ``spec``'s seq)."""
     slots = world.shm
     assert slots is not None
     seq, seqs = target or spec.seq, slots.seqs
     any_link = next(iter(world.links.values()))
     waits = any_link.waits
-    if not slots.oversubscribed and world.shm_pointed != spec.seq:
+    if not slots.oversubscribed and not pointed:
         # The first look is the call's schedule point (which it owes anyway: _run skips its
         # own once a wait has counted), taken now, while the peers catch up, instead of
         # after the collective; unless the call took it already (shm_point). With more
@@ -332,10 +336,10 @@ async def shm_barrier(world: World, spec: OpSpec) -> None:
 async def shm_point(world: World, spec: OpSpec) -> None:
     """Take ``spec``'s schedule point right after this rank's publication, on a rank that
     then waits on the segment for a peer whatever happens (a broadcast's other ranks wait
-    for the root's copy); the wait's first look then polls instead of taking it. The point
-    overlaps the peer's work either way, but as a wait's first look it came after the
-    wait's bookkeeping (the late peers, the wait's start time for a cancellation's message)
-    and ended after the root had published: in a 64 KiB broadcast at world 2 the other
+    for the root's copy); the wait (``shm_wait(pointed=True)``) then polls at its first
+    look instead of taking it. The point overlaps the peer's work either way, but as a
+    wait's first look it came after the wait's bookkeeping (the late peers, the wait's
+    start time for a cancellation's message) and ended after the root had published: in a 64 KiB broadcast at world 2 the other
     rank's checkpoint began 3.5-4.0 us after its publication, against 1.3 here, and the
     call ended 1.3-2.6 us sooner (``bench/critical_path.py``, runs alternating with the
     code before; ``bench/paired.py``: 4 KiB 6.6-6.8 times Open MPI's time against 7.7-8.2,
@@ -348,7 +352,6 @@ async def shm_point(world: World, spec: OpSpec) -> None:
     if slots.oversubscribed:
         return
     next(iter(world.links.values())).waits.count += 1  # _run then owes no point after
-    world.shm_pointed = spec.seq
     try:
         await trio.lowlevel.checkpoint()
     except BaseException:
@@ -372,7 +375,7 @@ async def shm_broadcast(world: World, spec: OpSpec, flat: np.ndarray, root: int)
     shm_publish(world, spec, flat.nbytes)
     if world.rank != root:
         await shm_point(world, spec)
-    await shm_wait(world, spec)
+    await shm_wait(world, spec, pointed=world.rank != root)
     if world.rank != root:
         flat[...] = rows[root]
     shm_done(world, spec)
