@@ -8,7 +8,7 @@ too for large messages (its "single copy", cross-memory attach). So this is each
 by direct reads with nothing else: every rank exposes its arrays' addresses once, at
 preparation; a call is the reads and reductions that trioring's cross-memory algorithms
 make (src/trioring/_onehost/_cma_collectives.py, _copies.py), one ``process_vm_readv`` per
-block (per 1 MiB chunk where a block is reduced, into a scratch buffer that stays in cache,
+block (per 256 KiB piece where a block is reduced, into a scratch buffer that stays in cache,
 as trioring's), and the least synchronisation that makes a call correct: every rank
 publishes "my inputs are ready" before anyone reads them, "my segment is final" where a
 result is read from a peer, and "done reading" before any rank returns (so that no rank
@@ -39,6 +39,7 @@ import numpy as np
 from _harness import exchanged, rows
 
 from trioring._onehost._cma import read_into
+from trioring._onehost._cma_collectives import _REDUCE_STEP_BYTES
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -47,9 +48,10 @@ if TYPE_CHECKING:
 
 #: The smallest call (paired.py's size) this floor runs: above bench/_floor_worker.py's.
 MIN_BYTES = 256 * 1024 + 1
-#: Reductions read a peer's block through a scratch buffer of this size, trioring's default
-#: chunk (DEFAULT_CHUNK_BYTES), so that the reduction finds what it reads in the cache.
-CHUNK_BYTES = 1024 * 1024
+#: Reductions read a peer's block through a scratch buffer of this size, trioring's own
+#: piece (_cma_collectives._REDUCE_STEP_BYTES, the fastest of 128 KiB to 1 MiB here), so
+#: that the reduction finds what it reads in the cache.
+CHUNK_BYTES = _REDUCE_STEP_BYTES
 
 
 class Reader:

@@ -14,6 +14,7 @@ bitwise the same.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -25,12 +26,13 @@ from exact_inputs import UFUNCS, make, ops_for
 from launched import run_reports
 from local_runs import force, on_every_rank
 from trioring import _config
-from trioring._collectives import _allreduce, _decision
+from trioring._collectives import _allreduce, _decision, _limits
 from trioring._collectives._decision import (
     CMA_MIN_BYTES,
     PIPE_MAX_REDUCE_BYTES,
     SMALL_ALLREDUCE_BYTES,
 )
+from trioring._onehost._cpus import cpu_vendor
 from trioring._onehost._shm import SHM_MAX_BYTES
 from trioring.testing import open_local_world
 
@@ -293,6 +295,31 @@ def test_allreduce_decision(nbytes: int, shm: bool, cma: bool, expected: str) ->
 )
 def test_broadcast_decision(nbytes: int, shm: bool, cma: bool, expected: str) -> None:
     assert _decision.broadcast(nbytes, shm, cma) == expected
+
+
+@pytest.mark.parametrize(
+    ("vendor", "limit"),
+    [
+        ("GenuineIntel", 2 << 20),
+        ("AuthenticAMD", 4 << 20),
+        ("HygonGenuine", 4 << 20),
+        ("", 4 << 20),
+    ],
+)
+def test_the_pipe_takes_reductions_up_to_a_limit_by_cpu_vendor(vendor: str, limit: int) -> None:
+    assert _limits.pipe_max_reduce_bytes(vendor) == limit
+
+
+def test_this_machines_pipe_limit_is_its_vendors() -> None:
+    info = Path("/proc/cpuinfo")
+    named = re.search(r"^vendor_id\s*:\s*(\S+)", info.read_text(), re.M) if info.exists() else None
+    assert cpu_vendor() == (named.group(1) if named else "")
+    assert _limits.pipe_max_reduce_bytes(cpu_vendor()) == PIPE_MAX_REDUCE_BYTES
+    # Every reduction takes it: the pipe up to it, cross-memory attach above.
+    for nbytes, algorithm in ((PIPE_MAX_REDUCE_BYTES, "pipe"), (PIPE_MAX_REDUCE_BYTES + 4, "cma")):
+        assert _decision.allreduce(nbytes, 1024, True, SMALL_ALLREDUCE_BYTES) == algorithm
+        assert _decision.reduce_scatter(nbytes, SMALL_ALLREDUCE_BYTES, 1024, True) == algorithm
+        assert _decision.reduce(nbytes, 4, 1024, True) == algorithm
 
 
 def test_barrier_decision() -> None:

@@ -56,6 +56,20 @@ _SCHEDULE_EVERY_SECONDS = 0.001
 #: In 1 MiB reads a 4 MiB broadcast at world 2 took 5-10 % longer (420-486 against 363-434
 #: us, the reads alone 299-357 against 266-322; alternating blocks of 20 calls in one run).
 _READ_STEP_BYTES = 4 * 1024 * 1024
+#: The reads that feed a reduction go through the scratch buffer in pieces of at most this
+#: many bytes (or the communicator's chunk, the scratch's size, if smaller), each reduced
+#: into the result before the next is read, while it is still in the core's cache (2 MiB
+#: of L2 here, which the copy's source and the result share with it). Forced by cma, each
+#: call timed alone between a reset and a check (``bench/thresholds.py``, a copy of it that
+#: set this per algorithm name, 5-9 rounds, us, 128 KiB / 256 KiB / 512 KiB / 1 MiB, the
+#: chunk it was before): allreduce at world 2, 2 MiB 518 / 490 / 500 / 535, 4 MiB 770 /
+#: 719 / 735 / 825, 16 MiB 2427 / 2180 / 2231 / 2714, 64 MiB (256 KiB / 1 MiB) 14617 /
+#: 15253; reduce_scatter 4 MiB 797 / 703 / - / 759; reduce 4 MiB 994 / 940 / - / 1014,
+#: 64 MiB 24374 / 23291 / - / 24878; at world 4 (2 cores) allreduce 4 MiB 2842 / 2909 / -
+#: / 3047, reduce_scatter 4 MiB 1725 / 1544 / - / 1668, 16 MiB 6784 / 5867 / - / 6686,
+#: reduce 4 MiB 2633 / 2575 / - / 2704. Smaller pieces pay a system call and Python per
+#: piece (64 KiB: 4 MiB 802-1027 us).
+_REDUCE_STEP_BYTES = 256 * 1024
 
 ANNOUNCE = struct.Struct("<QQ")  # address of the array's data, its size in bytes
 _WORDS = np.dtype(np.uint64)
@@ -334,11 +348,11 @@ async def _reduce_from(
     reduce: np.ufunc,
 ) -> dict[int, int]:
     """Reduce into ``into`` (lo, hi, an array that holds this rank's ``flat[lo:hi]``) that
-    range of each peer's ``flat``, in the order of ``peers``, read chunk by chunk through
-    the scratch buffer. Returns the peers' addresses."""
+    range of each peer's ``flat``, in the order of ``peers``, read piece by piece through
+    the scratch buffer (``_REDUCE_STEP_BYTES``). Returns the peers' addresses."""
     lo, hi, mine = into
     itemsize = flat.dtype.itemsize
-    chunk = max(1, world.chunk_bytes // itemsize)
+    chunk = max(1, min(world.chunk_bytes, _REDUCE_STEP_BYTES) // itemsize)
     scratch = world.scratch[: chunk * itemsize].view(flat.dtype)
     addresses = {}
     # Overflow to inf is a valid result, as in ring_allreduce.

@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from .._config import Config
     from .._framing import Link
 
-__all__ = ["Cpus", "cpus_of", "spin_for"]
+__all__ = ["Cpus", "cpu_vendor", "cpus_of", "spin_for"]
 
 
 @final
@@ -88,3 +88,20 @@ def spin_for(config: Config, cpus: Cpus) -> float:
     if config.spin_given or cpus.polling_helps:
         return config.spin_seconds
     return 0.0
+
+
+def cpu_vendor() -> str:
+    """The CPU's vendor as the kernel names it (``vendor_id`` in /proc/cpuinfo:
+    ``GenuineIntel``, ``AuthenticAMD``), or "" where it names none. The same for every
+    process on a host, so every rank of a one-host communicator reads the same."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as info:
+            for line in info:
+                key, _, value = line.partition(":")
+                if key.strip() == "vendor_id":
+                    return value.strip()
+                if not line.strip():
+                    break  # the first CPU's block ended without one
+    except OSError:
+        pass
+    return ""
