@@ -51,8 +51,15 @@ RANK_SCRIPT = textwrap.dedent(
         signal.signal(signal.SIGTERM, lambda *_: (out / f"term{rank}").touch())
     if kind == "exit-on-term":
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(int(arg)))
-    if kind == "echo":
+    if kind in ("echo", "raise", "raise-on-term"):
         import trioring  # installs the launcher's excepthook (trioring._launched)
+    if kind == "raise-on-term":
+        # Fails on its own error as it is stopped: it was already exiting, as far as the
+        # launcher can tell.
+        def fail(*_):
+            raise ValueError(arg)
+
+        signal.signal(signal.SIGTERM, fail)
 
     socket_dir = os.environ.get("TRIORING_SOCKET_DIR")
     report = {
@@ -113,7 +120,10 @@ RANK_SCRIPT = textwrap.dedent(
         raise trioring.PeerFailedError(
             f"rank {rank}: allreduce #1: rank {arg} failed", rank=rank, peer=int(arg)
         )
-    if kind in ("block", "stubborn", "exit-on-term"):
+    if kind == "raise":
+        wait_for_peers()
+        raise ExceptionGroup("two errors", [ValueError(arg + "\\nsecond line"), KeyError(1)])
+    if kind in ("block", "stubborn", "exit-on-term", "raise-on-term"):
         while True:
             signal.pause()
     sys.exit(98)
@@ -386,6 +396,23 @@ def test_first_failure_wins_and_late_exits_are_not_failures(job: Job) -> None:
     assert stderr == (
         "trioring run: rank 1 exited with code 4 (first failure); terminated ranks 2\n"
     )
+    job.assert_no_rank_alive()
+
+
+def test_the_first_failures_error_is_repeated_beside_the_summary(job: Job) -> None:
+    """Rank 1's uncaught error is printed (traceback and all) by the rank, then once more in
+    one line by the launcher, before its summary; rank 2, which fails on an error of its
+    own as it is stopped, is named as such rather than as terminated."""
+    plan = {"default": "block", "1": "raise:bad batch", "2": "raise-on-term:stopped"}
+    status, stderr, _ = job.run(job.argv(4, plan, "--grace", "20"))
+    assert status == 1, stderr
+    assert stderr.count("Traceback (most recent call last)") >= 2, stderr
+    # The group's first leaf, in one line, is named, with how many more there are.
+    assert stderr.endswith(
+        "trioring run: rank 1 raised ValueError: bad batch second line (and 1 more like it)\n"
+        "trioring run: rank 1 exited with code 1 (first failure); rank 2 failed on its own "
+        "too; terminated ranks 0, 3\n"
+    ), stderr
     job.assert_no_rank_alive()
 
 

@@ -425,6 +425,12 @@ def test_excepthook_under_the_launcher(tmp_path: Path, kind: str, launched: bool
             "trioring run: this error only reports that rank 0 failed]\n"
         )
         assert json.loads(note.read_text()) == {"echoes": [0]}
+    elif launched:
+        # A failure of its own: the full traceback, and its one line for the launcher.
+        assert result.stderr.startswith("Traceback (most recent call last):\n")
+        assert [path.name for path in run_dir.iterdir()] == [f"{pid}.error"]
+        error = json.loads((run_dir / f"{pid}.error").read_text())
+        assert error == {"error": "ValueError: a failure of its own"}
     else:
         assert result.stderr.startswith("Traceback (most recent call last):\n")
         assert not list(run_dir.iterdir())

@@ -14,7 +14,9 @@ printed 130 lines and 9 tracebacks). So, in a process whose environment has
   then waits for those ranks before naming the job's first failure, so the rank that really
   failed is named even when its peers exit before it (see ``_launcher._Supervisor``).
 * Any other uncaught exception goes to the previous hook unchanged: the real failure keeps
-  its full traceback.
+  its full traceback. The launcher is told its one-line summary (type and message, through
+  a file ``<pid>.error``), which it repeats beside its own summary of the job: with many
+  ranks, the traceback that names what went wrong may be far above it.
 * Either way the process first ignores ``SIGTERM``: it is exiting already, and a ``SIGTERM``
   from the launcher stopping the job must not cut its report off half-way (the launcher's
   ``SIGKILL`` after the grace period still ends a rank that hangs in a hook).
@@ -39,6 +41,10 @@ if TYPE_CHECKING:
 
 RUN_DIR_VARIABLE = "TRIORING_RUN_DIR"
 ECHO_SUFFIX = ".echo"
+ERROR_SUFFIX = ".error"
+#: The longest error line handed to the launcher (a message may be long: a mismatch lists
+#: every rank's call).
+_ERROR_LINE_CHARS = 1000
 
 
 def _first_leaf(exc: BaseException) -> tuple[BaseException, int]:
@@ -55,19 +61,36 @@ def _ranks(ranks: frozenset[int]) -> str:
     return "ranks " + ", ".join(map(str, sorted(ranks)))
 
 
-def echo_line(exc: BaseException, ranks: frozenset[int]) -> str:
+def _named(exc: BaseException) -> tuple[str, str]:
+    """The first leaf of ``exc``'s qualified type name and message with how many more
+    leaves there are."""
     leaf, count = _first_leaf(exc)
     cls = type(leaf)
     name = (
         cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
     )
     more = f" (and {count - 1} more like it)" if count > 1 else ""
+    return name, f"{leaf}{more}"
+
+
+def error_line(exc: BaseException) -> str:
+    """``exc`` in one line, as the launcher repeats it: type, then message."""
+    name, message = _named(exc)
+    line = " ".join(f"{name}: {message}".split())
+    if len(line) > _ERROR_LINE_CHARS:
+        line = line[: _ERROR_LINE_CHARS - 3] + "..."
+    return line
+
+
+def echo_line(exc: BaseException, ranks: frozenset[int]) -> str:
+    leaf, _ = _first_leaf(exc)
+    name, message = _named(exc)
     # The traceback and notes are not printed: the one line carries the map of a
     # sub-communicator's ranks itself.
     note = ranks_note(leaf)
     mapped = f" [{note}]" if note else ""
     return (
-        f"{name}: {leaf}{more}{mapped} [traceback omitted by trioring run: this error only "
+        f"{name}: {message}{mapped} [traceback omitted by trioring run: this error only "
         f"reports that {_ranks(ranks)} failed]\n"
     )
 
@@ -78,13 +101,14 @@ def _ignore_sigterm() -> None:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
-def _tell_launcher(run_dir: str, ranks: frozenset[int]) -> None:
+def _tell_launcher(run_dir: str, suffix: str, report: dict[str, object]) -> None:
     # Named by pid, not rank: a process the rank started (inheriting its environment) never
-    # speaks for it. Best effort: without the file, the launcher counts this rank's exit as a
-    # failure of its own, which is what it did before.
-    path = os.path.join(run_dir, f"{os.getpid()}{ECHO_SUFFIX}")
+    # speaks for it. Best effort: without an echo file, the launcher counts this rank's exit
+    # as a failure of its own, which is what it did before; without an error file, it names
+    # the failure without its message.
+    path = os.path.join(run_dir, f"{os.getpid()}{suffix}")
     with contextlib.suppress(OSError), open(path, "w", encoding="utf-8") as file:
-        json.dump({"echoes": sorted(ranks)}, file)
+        json.dump(report, file)
 
 
 def install() -> None:
@@ -101,9 +125,10 @@ def install() -> None:
         _ignore_sigterm()
         ranks = echoed_ranks(exc)
         if ranks is None:
+            _tell_launcher(run_dir, ERROR_SUFFIX, {"error": error_line(exc)})
             previous(exc_type, exc, tb)
             return
-        _tell_launcher(run_dir, ranks)
+        _tell_launcher(run_dir, ECHO_SUFFIX, {"echoes": sorted(ranks)})
         sys.stderr.write(echo_line(exc, ranks))
         sys.stderr.flush()
 

@@ -20,8 +20,11 @@ Contract of :func:`launch`:
   ``SIGTERM``; whichever are still running ``spec.grace`` seconds later get ``SIGKILL``.
   :func:`launch` returns the first failure's exit status (``128 + signal number`` for a
   signal, as a shell reports it), and one line on stderr names it, the ranks whose errors
-  echoed a failure, and the ranks that had to be terminated. Ranks that exit after being told
-  to stop are not failures.
+  echoed a failure, those that were exiting on an error of their own meanwhile, and the
+  ranks that had to be terminated; where the first failure was an uncaught error in a
+  process that imported trioring, a line before it gives that error's type and message
+  (the rank tells the launcher, see ``_launched``). Ranks that exit after being told to
+  stop are not failures.
 * ``SIGINT``, ``SIGTERM`` or ``SIGHUP`` delivered to the launcher stops the ranks the same
   way and :func:`launch` returns ``128 + signal number``. A second signal during the grace
   period skips the rest of it and sends ``SIGKILL`` at once. A signal the launcher inherited
@@ -53,7 +56,7 @@ from typing import TYPE_CHECKING, Literal, TextIO, final
 import attrs
 import trio
 
-from ._launched import ECHO_SUFFIX, RUN_DIR_VARIABLE
+from ._launched import ECHO_SUFFIX, ERROR_SUFFIX, RUN_DIR_VARIABLE
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
@@ -276,6 +279,18 @@ def _read_echo(run_dir: str, pid: int) -> frozenset[int] | None:
         return None
 
 
+def _read_error(run_dir: str, pid: int) -> str | None:
+    """The one-line error that the process ``pid`` said it exited on (see ``_launched``), or
+    None if it said none."""
+    path = os.path.join(run_dir, f"{pid}{ERROR_SUFFIX}")
+    try:
+        with open(path, encoding="utf-8") as file:
+            line = json.load(file)["error"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return line if isinstance(line, str) and line else None
+
+
 def _rank_list(ranks: Iterable[int]) -> str:
     ordered = sorted(ranks)
     return ("rank " if len(ordered) == 1 else "ranks ") + ", ".join(map(str, ordered))
@@ -308,6 +323,8 @@ class _Supervisor:
     echoes: dict[int, frozenset[int]] = attrs.Factory(dict)
     # The first echoing exit (rank, returncode), while we wait for the ranks it blames.
     pending_echo: tuple[int, int] | None = None
+    # rank -> its uncaught error in one line, for every rank that exited non-zero on one.
+    errors: dict[int, str] = attrs.Factory(dict)
 
     @property
     def stopping(self) -> bool:
@@ -333,8 +350,13 @@ class _Supervisor:
 
     async def _watch_rank(self, rank: int, process: trio.Process, nursery: trio.Nursery) -> None:
         returncode = await process.wait()
-        # Read even once stopping: the report says which ranks failed because of another.
+        # Read even once stopping: the report says which ranks failed because of another,
+        # and which failed on an error of their own meanwhile.
         echoed = self._echo_of(rank) if returncode != 0 else None
+        if returncode != 0 and echoed is None and self.run_dir is not None:
+            error = _read_error(self.run_dir, process.pid)
+            if error is not None:
+                self.errors[rank] = error
         if returncode == 0 or self.stopping:
             self._settle_pending(nursery)
             return
@@ -421,16 +443,26 @@ class _Supervisor:
                 parts.append(f"{_rank_list(echoed)} failed because of it")
             else:
                 parts.append(f"{_rank_list(echoed)} failed because another rank did")
-        # A rank that reported an echo after SIGTERM exited on its own: it is listed above.
-        terminated = [rank for rank in self.terminated if rank not in echoed]
+        # A rank that reported an echo after SIGTERM exited on its own: it is listed above;
+        # so is one that was already exiting on an error of its own (another rank of a
+        # mismatched call, say, which saw the mismatch itself).
+        also = [rank for rank in self.terminated if rank in self.errors and rank not in echoed]
+        if also:
+            parts.append(
+                f"{_rank_list(also)} failed on {'its' if len(also) == 1 else 'their'} own too"
+            )
+        terminated = [rank for rank in self.terminated if rank not in echoed and rank not in also]
         if terminated:
             parts.append("terminated ranks " + ", ".join(map(str, terminated)))
-        elif not echoed:
+        elif not echoed and not also:
             parts.append("no other rank was running")
         if self.killed:
             parts[-1] += (
                 f" (SIGKILL after {self.grace:g} s grace: ranks {', '.join(map(str, self.killed))})"
             )
+        if first is not None and first in self.errors:
+            # Its traceback may be far above, among the other ranks' output.
+            print(f"trioring run: rank {first} raised {self.errors[first]}", file=self.stderr)
         print(f"trioring run: {'; '.join(parts)}", file=self.stderr, flush=True)
         return status
 
