@@ -37,7 +37,7 @@ from trioring._errors import (
     PeerAbortedError,
     PeerFailedError,
 )
-from trioring._launched import echo_line, echoed_ranks
+from trioring._launched import echo_line, echoed_ranks, error_line
 from trioring.testing import open_local_world
 
 if TYPE_CHECKING:
@@ -380,6 +380,24 @@ def test_echoes_are_errors_that_only_report_another_ranks_failure() -> None:
     later.__cause__ = sub
     assert echoed_ranks(later) == frozenset({3})
     assert "as world ranks: 0->1, 1->3] [traceback omitted" in echo_line(later, frozenset({3}))
+
+
+def test_the_launchers_error_line() -> None:
+    """What a rank tells ``trioring run`` of a failure of its own: one line, the first
+    leaf of a group, a sub-communicator's map of ranks, at most 1000 characters."""
+    assert error_line(ValueError("bad\n  batch")) == "ValueError: bad batch"
+    group = ExceptionGroup("g", [KeyError("k"), ValueError("v")])
+    assert error_line(group) == "KeyError: 'k' (and 1 more like it)"
+    sub = CollectiveMismatchError("rank 0: barrier #2, rank 1: allreduce #2", rank=0, peer=1)
+    sub._trioring_world_ranks = (1, 3)
+    sub.add_note("ranks above are those of split #1 of world (color 1); as world ranks: 0->1, 1->3")
+    assert error_line(sub) == (
+        "trioring.CollectiveMismatchError: rank 0: barrier #2, rank 1: allreduce #2 [ranks "
+        "above are those of split #1 of world (color 1); as world ranks: 0->1, 1->3]"
+    )
+    long = error_line(RuntimeError("x" * 5000))
+    assert len(long) == 1000
+    assert long.endswith("...")
 
 
 HOOKED = """

@@ -62,8 +62,8 @@ def _ranks(ranks: frozenset[int]) -> str:
 
 
 def _named(exc: BaseException) -> tuple[str, str]:
-    """The first leaf of ``exc``'s qualified type name and message with how many more
-    leaves there are."""
+    """The qualified type name of ``exc``'s first leaf (the first exception of a group that
+    is not a group), and its message followed by how many more leaves there are."""
     leaf, count = _first_leaf(exc)
     cls = type(leaf)
     name = (
@@ -74,9 +74,12 @@ def _named(exc: BaseException) -> tuple[str, str]:
 
 
 def error_line(exc: BaseException) -> str:
-    """``exc`` in one line, as the launcher repeats it: type, then message."""
+    """``exc`` in one line, as the launcher repeats it: type, message, and the map of a
+    sub-communicator's ranks where the error names them (as :func:`echo_line`)."""
     name, message = _named(exc)
-    line = " ".join(f"{name}: {message}".split())
+    note = ranks_note(_first_leaf(exc)[0])
+    mapped = f" [{note}]" if note else ""
+    line = " ".join(f"{name}: {message}{mapped}".split())
     if len(line) > _ERROR_LINE_CHARS:
         line = line[: _ERROR_LINE_CHARS - 3] + "..."
     return line
