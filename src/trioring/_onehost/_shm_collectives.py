@@ -339,13 +339,14 @@ async def shm_point(world: World, spec: OpSpec) -> None:
     for the root's copy); the wait (``shm_wait(pointed=True)``) then polls at its first
     look instead of taking it. The point overlaps the peer's work either way, but as a
     wait's first look it came after the wait's bookkeeping (the late peers, the wait's
-    start time for a cancellation's message) and ended after the root had published: in a 64 KiB broadcast at world 2 the other
-    rank's checkpoint began 3.5-4.0 us after its publication, against 1.3 here, and the
-    call ended 1.3-2.6 us sooner (``bench/critical_path.py``, runs alternating with the
-    code before; ``bench/paired.py``: 4 KiB 6.6-6.8 times Open MPI's time against 7.7-8.2,
-    256 KiB 1.10-1.12 against 1.15). That bookkeeping is done here only if the point is
-    cancelled, and the wait's start is noted at its first later checkpoint. Not with more
-    ranks than cores, where the point would take the core from the peer it waits for (see
+    start time for a cancellation's message) and ended after the root had published: in a
+    64 KiB broadcast at world 2 the other rank's checkpoint began 3.5-4.0 us after its
+    publication, against 1.3 here, and the call ended 1.3-2.6 us sooner
+    (``bench/critical_path.py``, runs alternating with the code before;
+    ``bench/paired.py``: 4 KiB 6.6-6.8 times Open MPI's time against 7.7-8.2, 256 KiB
+    1.10-1.12 against 1.15). That bookkeeping is done here only if the point is cancelled,
+    and the wait's start is noted at its first later checkpoint. Not with more ranks than
+    cores, where the point would take the core from the peer it waits for (see
     :func:`_shm_poll`)."""
     slots = world.shm
     assert slots is not None
