@@ -135,12 +135,27 @@ async def test_a_failed_memory_read_tells_a_dead_peer_from_one_that_gave_up(
     assert "cancelled allreduce #1 (by the test)" in str(info.value)
 
 
-@pytest.mark.parametrize("how", ["raise", "interrupt", "cancel"])
+async def _fail_in_tasks(count: int) -> None:
+    """Raise a RuntimeError from each of ``count`` tasks of a nursery, beside a task that
+    their failure cancels: the nursery raises them in an exception group. (Each raises as
+    soon as it runs, so no failure cancels another; their order varies, their text not.)"""
+
+    async def fail() -> None:
+        raise RuntimeError("bad batch on rank 1")
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.sleep_forever)
+        for _ in range(count):
+            nursery.start_soon(fail)
+
+
+@pytest.mark.parametrize("how", ["raise", "interrupt", "cancel", "group", "group of 2"])
 async def test_a_rank_that_leaves_on_an_exception_says_why(how: str) -> None:
     """An exception (or a cancellation) leaves rank 1's ``async with comm.dup()`` block
     while ranks 0 and 2 call an allreduce on the duplicate: they raise PeerAbortedError
-    naming rank 1 and what made it leave, not a bare closed connection. The communicator the
-    duplicate was made from is untouched."""
+    naming rank 1 and what made it leave, not a bare closed connection; for a nursery's
+    exception group, the failure in it. The communicator the duplicate was made from is
+    untouched."""
     errors: dict[int, BaseException] = {}
     async with open_local_world(3) as comms:
 
@@ -153,6 +168,8 @@ async def test_a_rank_that_leaves_on_an_exception_says_why(how: str) -> None:
                                 raise RuntimeError("bad batch on rank 1")
                             if how == "interrupt":
                                 raise KeyboardInterrupt
+                            if how.startswith("group"):
+                                await _fail_in_tasks(2 if how == "group of 2" else 1)
                             scope.cancel()
                             await trio.sleep_forever()
                         await side.allreduce(np.ones(4, np.float32))
@@ -178,6 +195,12 @@ async def test_a_rank_that_leaves_on_an_exception_says_why(how: str) -> None:
     if how == "raise":
         assert isinstance(errors.pop(1), RuntimeError)
         why = "on RuntimeError: bad batch on rank 1"
+    elif how == "group":
+        assert isinstance(errors.pop(1), ExceptionGroup)
+        why = "on RuntimeError: bad batch on rank 1 (in an exception group)"
+    elif how == "group of 2":
+        assert isinstance(errors.pop(1), ExceptionGroup)
+        why = "on RuntimeError: bad batch on rank 1 (the first of 2 in an exception group)"
     elif how == "interrupt":
         assert isinstance(errors.pop(1), KeyboardInterrupt)
         why = "on KeyboardInterrupt"  # an exception without text: its name alone

@@ -31,6 +31,7 @@ import pytest
 import trio
 
 import trioring
+from trioring._concurrency import first_leaf
 from trioring._errors import (
     CollectiveMismatchError,
     CommunicatorBrokenError,
@@ -398,6 +399,38 @@ def test_the_launchers_error_line() -> None:
     long = error_line(RuntimeError("x" * 5000))
     assert len(long) == 1000
     assert long.endswith("...")
+    # A failure beside a cancelled sibling, as a nursery may raise them: the failure.
+    assert error_line(BaseExceptionGroup("g", [_a_cancelled(), ValueError("v")])) == "ValueError: v"
+
+
+def _a_cancelled() -> trio.Cancelled:
+    """A real :class:`trio.Cancelled` (it has no public constructor)."""
+    caught: list[trio.Cancelled] = []
+
+    async def main() -> None:
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            try:
+                await trio.lowlevel.checkpoint()
+            except trio.Cancelled as exc:
+                caught.append(exc)
+                raise
+
+    trio.run(main)
+    return caught[0]
+
+
+def test_the_exception_that_says_what_a_group_is() -> None:
+    """first_leaf: the first leaf, depth first, that is not a cancellation, and how many
+    such leaves there are; all cancelled: the first; not a group: itself."""
+    error = KeyError("k")
+    assert first_leaf(error) == (error, 1)
+    inner, later = KeyError("inner"), ValueError("later")
+    nested = ExceptionGroup("outer", [ExceptionGroup("inner", [inner]), later])
+    assert first_leaf(nested) == (inner, 2)
+    cancelled, other = _a_cancelled(), _a_cancelled()
+    assert first_leaf(BaseExceptionGroup("g", [cancelled, later])) == (later, 1)
+    assert first_leaf(BaseExceptionGroup("g", [cancelled, other])) == (cancelled, 2)
 
 
 HOOKED = """

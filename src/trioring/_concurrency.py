@@ -25,6 +25,23 @@ _PRIORITY: dict[type[TrioringError], int] = {
 }
 
 
+def first_leaf(exc: BaseException) -> tuple[BaseException, int]:
+    """The exception that says what ``exc`` is: ``exc`` itself, or for a group the first of
+    its leaves (the exceptions in it, and in the groups in it, that are not groups) that is
+    not a :class:`trio.Cancelled`, or the first leaf if all are; and how many leaves there
+    are of that kind. A nursery whose task fails raises the failure in a group, beside any
+    sibling's Cancelled that escaped: the failure is what a reader needs named."""
+    leaves = _leaves(exc)
+    telling = [leaf for leaf in leaves if not isinstance(leaf, trio.Cancelled)] or leaves
+    return telling[0], len(telling)
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    if isinstance(exc, BaseExceptionGroup):
+        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
+    return [exc]
+
+
 def is_cancellation(exc: BaseException) -> bool:
     """Whether ``exc`` is a cancellation: a :class:`trio.Cancelled`, or a group of nothing
     else (as a nursery raises when a cancel scope around it fires)."""

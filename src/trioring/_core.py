@@ -19,7 +19,7 @@ import trio
 from . import _algorithms
 from ._collectives import _allreduce, _decision
 from ._collectives._checks import Refused
-from ._concurrency import is_cancellation, run_with_grace
+from ._concurrency import first_leaf, is_cancellation, run_with_grace
 from ._errors import (
     RANKS_NOTE,
     CollectiveError,
@@ -442,8 +442,14 @@ class CommunicatorCore:
             if is_cancellation(exc):
                 why = "cancelled (by its caller's deadline or cancel scope)"
             else:
-                text = str(exc)
-                why = f"on {type(exc).__name__}" + (f": {text}" if text else "")
+                leaf, count = first_leaf(exc)
+                text = str(leaf)
+                why = f"on {type(leaf).__name__}" + (f": {text}" if text else "")
+                if leaf is not exc:
+                    # A nursery in the block raised its task's failure in a group, whose own
+                    # text ("Exceptions from Trio nursery") says nothing.
+                    of = f"the first of {count} " if count > 1 else ""
+                    why += f" ({of}in an exception group)"
             notice = (AbortKind.ERROR, me, f"it left its communicator {why}", me)
         await self._tell_peers(notice, self._seq + 1)
 

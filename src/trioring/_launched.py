@@ -34,6 +34,7 @@ import signal
 import sys
 from typing import TYPE_CHECKING
 
+from ._concurrency import first_leaf
 from ._errors import echoed_ranks, ranks_note
 
 if TYPE_CHECKING:
@@ -47,14 +48,6 @@ ERROR_SUFFIX = ".error"
 _ERROR_LINE_CHARS = 1000
 
 
-def _first_leaf(exc: BaseException) -> tuple[BaseException, int]:
-    """The first exception of a group that is not a group, and how many leaves there are."""
-    if not isinstance(exc, BaseExceptionGroup):
-        return exc, 1
-    leaves = [_first_leaf(inner) for inner in exc.exceptions]
-    return leaves[0][0], sum(count for _, count in leaves)
-
-
 def _ranks(ranks: frozenset[int]) -> str:
     if len(ranks) == 1:
         return f"rank {next(iter(ranks))}"
@@ -62,9 +55,9 @@ def _ranks(ranks: frozenset[int]) -> str:
 
 
 def _named(exc: BaseException) -> tuple[str, str]:
-    """The qualified type name of ``exc``'s first leaf (the first exception of a group that
-    is not a group), and its message followed by how many more leaves there are."""
-    leaf, count = _first_leaf(exc)
+    """The qualified type name of the exception that says what ``exc`` is (see
+    :func:`first_leaf`), and its message followed by how many more like it there are."""
+    leaf, count = first_leaf(exc)
     cls = type(leaf)
     name = (
         cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
@@ -77,7 +70,7 @@ def error_line(exc: BaseException) -> str:
     """``exc`` in one line, as the launcher repeats it: type, message, and the map of a
     sub-communicator's ranks where the error names them (as :func:`echo_line`)."""
     name, message = _named(exc)
-    note = ranks_note(_first_leaf(exc)[0])
+    note = ranks_note(first_leaf(exc)[0])
     mapped = f" [{note}]" if note else ""
     line = " ".join(f"{name}: {message}{mapped}".split())
     if len(line) > _ERROR_LINE_CHARS:
@@ -86,7 +79,7 @@ def error_line(exc: BaseException) -> str:
 
 
 def echo_line(exc: BaseException, ranks: frozenset[int]) -> str:
-    leaf, _ = _first_leaf(exc)
+    leaf, _ = first_leaf(exc)
     name, message = _named(exc)
     # The traceback and notes are not printed: the one line carries the map of a
     # sub-communicator's ranks itself.
