@@ -534,11 +534,37 @@ CRASH_IN_SPLIT = """
 """
 
 
-@pytest.mark.parametrize("script_text", [CRASH, CRASH_IN_SPLIT], ids=["world", "split"])
-def test_a_crash_on_one_rank_of_four_is_reported_once(tmp_path: Path, script_text: str) -> None:
+BAD_CALL = """
+    import numpy as np, trio, trioring
+
+    async def main():
+        async with trioring.open_communicator() as comm:
+            x = np.ones(1000)
+            for step in range(10):
+                await comm.allreduce(x, op="average" if comm.rank == 2 and step == 3 else "sum")
+
+    trio.run(main)
+"""
+#: What rank 2 raises, as its traceback's last line ends and as its peers' reason says.
+RAISED = {
+    "world": "ValueError: bad batch on rank 2",
+    "split": "ValueError: bad batch on rank 2",
+    "bad call": "InvalidArgumentError: rank 2: allreduce #4: unknown op 'average'",
+}
+
+
+@pytest.mark.parametrize(
+    ("script_text", "case"),
+    [(CRASH, "world"), (CRASH_IN_SPLIT, "split"), (BAD_CALL, "bad call")],
+    ids=["world", "split", "bad-call"],
+)
+def test_a_crash_on_one_rank_of_four_is_reported_once(
+    tmp_path: Path, script_text: str, case: str
+) -> None:
     """Rank 2 raises between collectives while the others wait in one with it (in the world,
-    or in the half of a split that it shares with rank 0, where it is rank 1). The output is
-    rank 2's traceback, at most one line for each other rank, and the launcher's summary,
+    or in the half of a split that it shares with rank 0, where it is rank 1), or makes a
+    call that raises before any I/O (a trioring error, which carries the job id). The output
+    is rank 2's traceback, at most one line for each other rank, and the launcher's summary,
     which names rank 2 as the first failure and says what became of every other rank."""
     script = write_script(tmp_path, script_text)
     started = time.monotonic()
@@ -549,13 +575,19 @@ def test_a_crash_on_one_rank_of_four_is_reported_once(tmp_path: Path, script_tex
     lines = result.stderr.splitlines()
     assert result.stderr.count("Traceback (most recent call last)") == 1, result.stderr
     assert "[2] Traceback (most recent call last):" in lines
-    assert "[2] ValueError: bad batch on rank 2" in lines
+    raised = RAISED[case]
+    assert any(
+        line.startswith(f"[2] {raised}") or line.startswith(f"[2] trioring.{raised}")
+        for line in lines
+    ), result.stderr
     for rank in (0, 1, 3):
         own = [line for line in lines if line.startswith(f"[{rank}] ")]
         assert len(own) <= 1, result.stderr
         for line in own:
             assert line.endswith("this error only reports that rank 2 failed]"), line
-            assert "it left its communicator on ValueError: bad batch on rank 2" in line, line
+            assert f"it left its communicator on {raised}" in line, line
+            # The reason leaves out rank 2's job id: the line has its own.
+            assert line.count("[job ") == 1, line
             if script_text is CRASH_IN_SPLIT and rank == 0:
                 # Its error names rank 2 as the half's rank 1, and says so.
                 assert "rank 1 aborted" in line, line

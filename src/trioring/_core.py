@@ -443,7 +443,8 @@ class CommunicatorCore:
                 why = "cancelled (by its caller's deadline or cancel scope)"
             else:
                 leaf, count = first_leaf(exc)
-                text = str(leaf)
+                # Without its job id: the peer's error adds its own.
+                text = leaf._bare_message if isinstance(leaf, TrioringError) else str(leaf)
                 why = f"on {type(leaf).__name__}" + (f": {text}" if text else "")
                 if leaf is not exc:
                     # A nursery in the block raised its task's failure in a group, whose own
