@@ -54,39 +54,33 @@ def _ranks(ranks: frozenset[int]) -> str:
     return "ranks " + ", ".join(map(str, sorted(ranks)))
 
 
-def _named(exc: BaseException) -> tuple[str, str]:
-    """The qualified type name of the exception that says what ``exc`` is (see
-    :func:`first_leaf`), and its message followed by how many more like it there are."""
+def _summary(exc: BaseException) -> str:
+    """The exception that says what ``exc`` is (see :func:`first_leaf`): its qualified type
+    name and message, how many more like it there are, and the map of a sub-communicator's
+    ranks where the error names them (the notes that carry it are not printed)."""
     leaf, count = first_leaf(exc)
     cls = type(leaf)
     name = (
         cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
     )
     more = f" (and {count - 1} more like it)" if count > 1 else ""
-    return name, f"{leaf}{more}"
+    note = ranks_note(leaf)
+    mapped = f" [{note}]" if note else ""
+    return f"{name}: {leaf}{more}{mapped}"
 
 
 def error_line(exc: BaseException) -> str:
-    """``exc`` in one line, as the launcher repeats it: type, message, and the map of a
-    sub-communicator's ranks where the error names them (as :func:`echo_line`)."""
-    name, message = _named(exc)
-    note = ranks_note(first_leaf(exc)[0])
-    mapped = f" [{note}]" if note else ""
-    line = " ".join(f"{name}: {message}{mapped}".split())
+    """``exc`` in one line, as the launcher repeats it (see :func:`_summary`), at most
+    ``_ERROR_LINE_CHARS`` long."""
+    line = " ".join(_summary(exc).split())
     if len(line) > _ERROR_LINE_CHARS:
         line = line[: _ERROR_LINE_CHARS - 3] + "..."
     return line
 
 
 def echo_line(exc: BaseException, ranks: frozenset[int]) -> str:
-    leaf, _ = first_leaf(exc)
-    name, message = _named(exc)
-    # The traceback and notes are not printed: the one line carries the map of a
-    # sub-communicator's ranks itself.
-    note = ranks_note(leaf)
-    mapped = f" [{note}]" if note else ""
     return (
-        f"{name}: {message}{mapped} [traceback omitted by trioring run: this error only "
+        f"{_summary(exc)} [traceback omitted by trioring run: this error only "
         f"reports that {_ranks(ranks)} failed]\n"
     )
 
