@@ -297,24 +297,36 @@ def test_broadcast_decision(nbytes: int, shm: bool, cma: bool, expected: str) ->
     assert _decision.broadcast(nbytes, shm, cma) == expected
 
 
+MiB = 1 << 20
+
+
 @pytest.mark.parametrize(
-    ("vendor", "limit"),
+    ("vendor", "reduce", "allgather", "alltoall"),
     [
-        ("GenuineIntel", 2 << 20),
-        ("AuthenticAMD", 4 << 20),
-        ("HygonGenuine", 4 << 20),
-        ("", 4 << 20),
+        ("GenuineIntel", 2 * MiB, 2 * MiB, 0),
+        ("AuthenticAMD", 4 * MiB, 8 * MiB, _limits.ANY_SIZE),
+        ("HygonGenuine", 4 * MiB, 8 * MiB, _limits.ANY_SIZE),
+        ("", 4 * MiB, 8 * MiB, _limits.ANY_SIZE),
     ],
 )
-def test_the_pipe_takes_reductions_up_to_a_limit_by_cpu_vendor(vendor: str, limit: int) -> None:
-    assert _limits.pipe_max_reduce_bytes(vendor) == limit
+def test_the_pipes_limits_go_by_cpu_vendor(
+    vendor: str, reduce: int, allgather: int, alltoall: int
+) -> None:
+    limits = _limits.pipe_limits(vendor)
+    assert (limits.reduce, limits.allgather, limits.alltoall) == (reduce, allgather, alltoall)
 
 
-def test_this_machines_pipe_limit_is_its_vendors() -> None:
+def test_this_machines_pipe_limits_are_its_vendors() -> None:
     info = Path("/proc/cpuinfo")
     named = re.search(r"^vendor_id\s*:\s*(\S+)", info.read_text(), re.M) if info.exists() else None
     assert cpu_vendor() == (named.group(1) if named else "")
-    assert _limits.pipe_max_reduce_bytes(cpu_vendor()) == PIPE_MAX_REDUCE_BYTES
+    limits = _limits.pipe_limits(cpu_vendor())
+    assert limits == _limits.PIPE_LIMITS
+    assert (limits.reduce, limits.allgather, limits.alltoall) == (
+        PIPE_MAX_REDUCE_BYTES,
+        _decision.PIPE_MAX_ALLGATHER_BYTES,
+        _decision.PIPE_MAX_ALLTOALL_BYTES,
+    )
     # Every reduction takes it: the pipe up to it, cross-memory attach above.
     for nbytes, algorithm in ((PIPE_MAX_REDUCE_BYTES, "pipe"), (PIPE_MAX_REDUCE_BYTES + 4, "cma")):
         assert _decision.allreduce(nbytes, 1024, True, SMALL_ALLREDUCE_BYTES) == algorithm

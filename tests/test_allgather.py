@@ -172,6 +172,24 @@ def test_decision(nbytes: int, world_size: int, expected: str) -> None:
     assert _decision.allgather(big, world_size, (False, False), segment=True) == "pipe"
 
 
+@pytest.mark.parametrize(
+    ("limit", "cases"),
+    [
+        # Intel's: the pipe up to 2 MiB gathered in all from world 3, cma above.
+        (2 << 20, [(3, 2 << 20, "pipe"), (4, (2 << 20) + 64, "cma"), (2, 1 << 20, "cma")]),
+        # Elsewhere (the EPYC machine's): up to 8 MiB.
+        (8 << 20, [(3, 4 << 20, "pipe"), (8, 8 << 20, "pipe"), (4, 16 << 20, "cma")]),
+    ],
+)
+def test_the_pipe_takes_allgathers_from_world_3_up_to_its_limit(
+    monkeypatch: pytest.MonkeyPatch, limit: int, cases: list[tuple[int, int, str]]
+) -> None:
+    monkeypatch.setattr(_decision, "PIPE_MAX_ALLGATHER_BYTES", limit)
+    for world_size, nbytes, expected in cases:
+        assert _decision.allgather(nbytes, world_size, (False, True), segment=True) == expected
+        assert _decision.allgather(nbytes, world_size, (False, False), segment=True) == "pipe"
+
+
 @pytest.mark.parametrize(("world_size", "expected"), [(3, "bruck"), (4, "recursive_doubling")])
 async def test_communicator_follows_the_table(
     monkeypatch: pytest.MonkeyPatch, world_size: int, expected: str

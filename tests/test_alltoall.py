@@ -25,7 +25,7 @@ import trioring
 from launched import run_killed, run_reports
 from local_runs import force, on_every_rank
 from trioring import _algorithms
-from trioring._collectives import _decision
+from trioring._collectives import _decision, _limits
 from trioring._collectives._decision import SMALL_ALLTOALL_BLOCK_BYTES
 from trioring._onehost._shm import SHM_MAX_BYTES
 from trioring.testing import open_local_world
@@ -186,14 +186,37 @@ def test_decision(block_nbytes: int, world_size: int, expected: str) -> None:
     assert _decision.alltoall(block_nbytes, world_size, (False, True)) == expected
     big = _decision.CMA_MIN_COPY_BYTES // world_size + 1
     assert _decision.alltoall(big, world_size, (False, True)) == "cma"
-    # With a segment that cannot take the input, its pipe, unless cross-memory attach at
-    # world 2.
+    # With a segment that cannot take the input, its pipe, unless cross-memory attach: at
+    # world 2, and from world 3 above PIPE_MAX_ALLTOALL_BYTES (see the test below).
     assert _decision.alltoall(big, world_size, (False, False), segment=True) == "pipe"
-    with_cma = "pipe" if world_size >= 3 else "cma"
+    piped = world_size >= 3 and big * world_size <= _decision.PIPE_MAX_ALLTOALL_BYTES
+    with_cma = "pipe" if piped else "cma"
     assert _decision.alltoall(big, world_size, (False, True), segment=True) == with_cma
     # At world 2 that holds from just beyond the slots, not from CMA_MIN_COPY_BYTES.
     beyond = SHM_MAX_BYTES + 1
     assert _decision.alltoall(beyond, 2, (False, True), segment=True) == "cma"
+
+
+@pytest.mark.parametrize(
+    ("limit", "cases"),
+    [
+        # Intel's: cross-memory attach takes every alltoall the slots cannot.
+        (0, [(3, 4 << 20, "cma"), (4, 1 << 20, "cma"), (8, 64 << 20, "cma")]),
+        # Elsewhere (the EPYC machine's): the pipe from world 3, at any size.
+        (_limits.ANY_SIZE, [(2, 4 << 20, "cma"), (3, 4 << 20, "pipe"), (8, 64 << 20, "pipe")]),
+        # A limit between: a rank's whole input decides.
+        (4 << 20, [(4, 4 << 20, "pipe"), (4, (4 << 20) + 64, "cma"), (2, 1 << 20, "cma")]),
+    ],
+)
+def test_the_pipe_takes_alltoalls_from_world_3_up_to_its_limit(
+    monkeypatch: pytest.MonkeyPatch, limit: int, cases: list[tuple[int, int, str]]
+) -> None:
+    monkeypatch.setattr(_decision, "PIPE_MAX_ALLTOALL_BYTES", limit)
+    for world_size, nbytes, expected in cases:
+        block = nbytes // world_size
+        assert _decision.alltoall(block, world_size, (False, True), segment=True) == expected
+        # Without cross-memory attach the pipe takes them all.
+        assert _decision.alltoall(block, world_size, (False, False), segment=True) == "pipe"
 
 
 async def test_communicator_follows_the_table(monkeypatch: pytest.MonkeyPatch) -> None:

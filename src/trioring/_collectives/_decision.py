@@ -29,7 +29,8 @@ allgatherv  otherwise as allgather (total nbytes, once the counts      as allgat
             are known)
 alltoall    "shm" and (n-1)/n nbytes <= SHM_MAX_BYTES (own block    ``shm``
             stays out of the slot)
-alltoall    "shm", and n >= 3 or no "cma"                           ``pipe``
+alltoall    "shm", and either n >= 3 and nbytes <=                  ``pipe``
+            PIPE_MAX_ALLTOALL_BYTES, or no "cma"
 alltoall    "cma", and "shm" or nbytes > CMA_MIN_COPY_BYTES         ``cma``
 alltoall    block nbytes <= SMALL_ALLTOALL_BLOCK_BYTES and n >= 4   ``bruck``
 alltoall    otherwise                                               ``pairwise``
@@ -105,9 +106,10 @@ from ._limits import (
     CMA_MIN_BYTES,
     CMA_MIN_COPY_BYTES,
     CMA_MIN_REDUCE_SCATTER_BYTES,
+    PIPE_LIMITS_BY_VENDOR,
     PIPE_MAX_ALLGATHER_BYTES,
+    PIPE_MAX_ALLTOALL_BYTES,
     PIPE_MAX_REDUCE_BYTES,
-    PIPE_MAX_REDUCE_BYTES_BY_VENDOR,
     SMALL_ALLGATHER_BYTES,
     SMALL_ALLREDUCE_BYTES,
     SMALL_POW2_ALLGATHER_BYTES,
@@ -124,9 +126,10 @@ __all__ = [
     "ALGORITHMS",
     "CMA_MIN_BYTES",
     "CMA_MIN_REDUCE_SCATTER_BYTES",
+    "PIPE_LIMITS_BY_VENDOR",
     "PIPE_MAX_ALLGATHER_BYTES",
+    "PIPE_MAX_ALLTOALL_BYTES",
     "PIPE_MAX_REDUCE_BYTES",
-    "PIPE_MAX_REDUCE_BYTES_BY_VENDOR",
     "SMALL_ALLGATHER_BYTES",
     "SMALL_ALLREDUCE_BYTES",
     "SMALL_ALLTOALL_BLOCK_BYTES",
@@ -281,7 +284,9 @@ def alltoall(
     shm, cma = onehost
     if shm:
         return "shm"
-    if segment and (not cma or world_size >= 3):
+    if segment and (
+        not cma or (world_size >= 3 and block_nbytes * world_size <= PIPE_MAX_ALLTOALL_BYTES)
+    ):
         return "pipe"
     if cma and (segment or block_nbytes * world_size > CMA_MIN_COPY_BYTES):
         return "cma"

@@ -4,21 +4,30 @@ algorithm a call takes, these say where, and why there."""
 
 from __future__ import annotations
 
+from typing import final
+
+import attrs
+
 from .._onehost._cpus import cpu_vendor
 
 __all__ = [
+    "ANY_SIZE",
     "CMA_MIN_BYTES",
     "CMA_MIN_COPY_BYTES",
     "CMA_MIN_REDUCE_SCATTER_BYTES",
+    "PIPE_LIMITS",
+    "PIPE_LIMITS_BY_VENDOR",
+    "PIPE_LIMITS_ELSEWHERE",
     "PIPE_MAX_ALLGATHER_BYTES",
+    "PIPE_MAX_ALLTOALL_BYTES",
     "PIPE_MAX_REDUCE_BYTES",
-    "PIPE_MAX_REDUCE_BYTES_BY_VENDOR",
     "SMALL_ALLGATHER_BYTES",
     "SMALL_ALLREDUCE_BYTES",
     "SMALL_POW2_ALLGATHER_BYTES",
     "SMALL_REDUCE_BYTES",
     "SMALL_REDUCE_SCATTER_BYTES",
-    "pipe_max_reduce_bytes",
+    "PipeLimits",
+    "pipe_limits",
 ]
 
 #: Arrays up to this size (and the scratch buffer, DEFAULT_CHUNK_BYTES) are allreduced by
@@ -157,62 +166,113 @@ SMALL_POW2_ALLGATHER_BYTES = 64 * 1024 * 1024
 # Without cross-memory attach the pipe takes every size the slots cannot (against the
 # sockets at world 4, TRIORING_CMA=0: gather 300 KiB 230 / 332 us by the tree, 1 MiB 192 /
 # 431; scatter 327 / 365, 361 / 448).
-PIPE_MAX_ALLGATHER_BYTES = 8 * 1024 * 1024
-#: With a shared segment and cross-memory attach both agreed, allreduces, reduce_scatters
-#: (and reduce_scattervs) and reduces of more than PIPE_MAX_REDUCE_BYTES go by cross-memory
-#: attach, not through the pipe. The pipe copies each byte of a finished segment twice
-#: (into the ring, out of it) where cma reads it once, and the reduction reads the ring,
-#: where cma reads the peer's array into a scratch chunk: above a few MiB the copies decide.
-#: The PIPE_FAMILY numbers above came from an AMD EPYC machine, where the pipe won or tied
-#: up to 64 MiB (4 MiB allreduce at world 2, timed alone: 551 against 773 us). On the Intel
-#: Xeon machine of 2026-12-05 (2 vCPUs, 2 MiB of L2 each; thresholds.py --each, 5 rounds,
-#: cma / pipe, us) cma won from 4 MiB: allreduce w2 4 MiB 730-788 / 812-871, 8 MiB 1251 /
-#: 1713, 16 MiB 2195-2251 / 3235-3327, 32 MiB 4996 / 6215, 64 MiB 12960-13252 /
-#: 14725-16617; w3 4 MiB 2512 / 2702, 8 MiB 3780 / 4822, 16 MiB 7990 / 9965, 64 MiB 39309
-#: / 50552; w4 4 MiB 3011 / 3079, 8 MiB 4950 / 5838, 16 MiB 11443 / 12613, 64 MiB 46371 /
-#: 56703; reduce_scatter w2 4 MiB 620-640 / 595-659, 8 MiB 1116 / 1210, 32 MiB 4834 /
-#: 5790, 64 MiB 10790-11450 / 13731-13752, w4 4 MiB 1758 / 1923, 16 MiB 6770 / 8115, 64
-#: MiB 30287 / 39396; reduce w4 4 MiB 2482 / 2673, 16 MiB 10203 / 11142, 64 MiB 42890 /
-#: 52838. Reduce at w2 tied (4 MiB 822 / 856, 16 MiB 2708 / 3006, 64 MiB 20956 / 21630 in
-#: one launch; 6 MiB 1456-1457 / 1327-1353, 8 MiB 1803-1892 / 1782-1831, 16 MiB 3534-3554
-#: / 3469-3496 in two more: its root receives half the array either way), so one rule
-#: serves the three rather than a row by world size. Beside Open MPI in the same ranks
-#: (bench/paired.py, 5 windows, two rounds of each source tree, ratio to Open MPI's time,
-#: pipe -> cma): allreduce 64 MiB w2 0.68-0.70 -> 0.52-0.57, w4 0.80-0.86 -> 0.61-0.62;
-#: 8 MiB w2 1.54-1.55 -> 0.97-1.13; reduce_scatter 64 MiB w4 0.37-0.40 -> 0.28-0.30;
-#: reduce 64 MiB w4 0.44-0.45 -> 0.37. Broadcast stays with the pipe there (w2 64 MiB 10282
-#: / 7843, w4 27415 / 24392). This limit keeps the EPYC machine's clear wins for the pipe
-#: (1-4 MiB) and takes the Xeon's above. It is a trade: on the EPYC machine the two tied at
-#: 8 MiB (801 / 803 us back to back), the pipe led by 8-27 % at 16 MiB back to back, and at
-#: 64 MiB the two split (timed alone, w2 15610 / 12926 cma's way, w4 36969 / 39452 the
-#: pipe's). Remeasure on such a machine before moving it.
-#:
-#: Then (2026-12-05, a later session) cma's reductions read in pieces of 256 KiB instead of
-#: 1 MiB (_cma_collectives._REDUCE_STEP_BYTES), 7-20 % faster, and on the same Intel machine
-#: cma won from 2 MiB (thresholds.py --each, 5 rounds, pipe / cma, us): allreduce w2 1 MiB
-#: 253 / 278, 2 MiB 486 / 462, 4 MiB 891 / 709, 8 MiB 1823 / 1128; w4 1 MiB 1114 / 1105,
-#: 2 MiB 1893 / 1721, 4 MiB 3136 / 2773; reduce_scatter w2 1 MiB 198 / 187, 2 MiB 353 /
-#: 373, 4 MiB 642 / 652, 8 MiB 1275 / 1139; w4 1 MiB 735 / 602, 2 MiB 1181 / 909, 4 MiB
-#: 2074 / 1585; reduce w2 1 MiB 245 / 285, 2 MiB 537 / 512, 4 MiB 920 / 912; w4 1 MiB 1040 /
-#: 1084, 2 MiB 1814 / 1625, 4 MiB 2991 / 2569. Beside Open MPI in the same ranks
-#: (bench/paired.py, 7 windows, two rounds each, ratio to its time, the pipe -> cma as
-#: now): 4 MiB allreduce w2 1.49-1.62 -> 1.14-1.23, reduce w2 1.31-1.37 -> 1.17-1.29,
-#: reduce_scatter w2 0.64-0.65 -> 0.59-0.65; at w4 reduce_scatter 0.45 -> 0.32-0.33, reduce
-#: 0.58-0.61 -> 0.49-0.51. On the EPYC machine the pipe's lead at 4 MiB was 1.4x, more than
-#: those pieces gain. So the limit goes by the CPU's vendor: the Intel machine's (cma above
-#: 2 MiB) on Intel CPUs, the EPYC machine's (above 4 MiB) on every other. One machine of
-#: each was measured; force the algorithm (TRIORING_ALGORITHM) where another differs.
-PIPE_MAX_REDUCE_BYTES_BY_VENDOR = {"GenuineIntel": 2 * 1024 * 1024}
+#
+# PIPE_LIMITS: where cross-memory attach was agreed too, the largest call each family sends
+# through the pipe. The reductions' first:
+# With a shared segment and cross-memory attach both agreed, allreduces, reduce_scatters
+# (and reduce_scattervs) and reduces of more than PIPE_MAX_REDUCE_BYTES go by cross-memory
+# attach, not through the pipe. The pipe copies each byte of a finished segment twice
+# (into the ring, out of it) where cma reads it once, and the reduction reads the ring,
+# where cma reads the peer's array into a scratch chunk: above a few MiB the copies decide.
+# The PIPE_FAMILY numbers above came from an AMD EPYC machine, where the pipe won or tied
+# up to 64 MiB (4 MiB allreduce at world 2, timed alone: 551 against 773 us). On the Intel
+# Xeon machine of 2026-12-05 (2 vCPUs, 2 MiB of L2 each; thresholds.py --each, 5 rounds,
+# cma / pipe, us) cma won from 4 MiB: allreduce w2 4 MiB 730-788 / 812-871, 8 MiB 1251 /
+# 1713, 16 MiB 2195-2251 / 3235-3327, 32 MiB 4996 / 6215, 64 MiB 12960-13252 /
+# 14725-16617; w3 4 MiB 2512 / 2702, 8 MiB 3780 / 4822, 16 MiB 7990 / 9965, 64 MiB 39309
+# / 50552; w4 4 MiB 3011 / 3079, 8 MiB 4950 / 5838, 16 MiB 11443 / 12613, 64 MiB 46371 /
+# 56703; reduce_scatter w2 4 MiB 620-640 / 595-659, 8 MiB 1116 / 1210, 32 MiB 4834 /
+# 5790, 64 MiB 10790-11450 / 13731-13752, w4 4 MiB 1758 / 1923, 16 MiB 6770 / 8115, 64
+# MiB 30287 / 39396; reduce w4 4 MiB 2482 / 2673, 16 MiB 10203 / 11142, 64 MiB 42890 /
+# 52838. Reduce at w2 tied (4 MiB 822 / 856, 16 MiB 2708 / 3006, 64 MiB 20956 / 21630 in
+# one launch; 6 MiB 1456-1457 / 1327-1353, 8 MiB 1803-1892 / 1782-1831, 16 MiB 3534-3554
+# / 3469-3496 in two more: its root receives half the array either way), so one rule
+# serves the three rather than a row by world size. Beside Open MPI in the same ranks
+# (bench/paired.py, 5 windows, two rounds of each source tree, ratio to Open MPI's time,
+# pipe -> cma): allreduce 64 MiB w2 0.68-0.70 -> 0.52-0.57, w4 0.80-0.86 -> 0.61-0.62;
+# 8 MiB w2 1.54-1.55 -> 0.97-1.13; reduce_scatter 64 MiB w4 0.37-0.40 -> 0.28-0.30;
+# reduce 64 MiB w4 0.44-0.45 -> 0.37. Broadcast stays with the pipe there (w2 64 MiB 10282
+# / 7843, w4 27415 / 24392). This limit keeps the EPYC machine's clear wins for the pipe
+# (1-4 MiB) and takes the Xeon's above. It is a trade: on the EPYC machine the two tied at
+# 8 MiB (801 / 803 us back to back), the pipe led by 8-27 % at 16 MiB back to back, and at
+# 64 MiB the two split (timed alone, w2 15610 / 12926 cma's way, w4 36969 / 39452 the
+# pipe's). Remeasure on such a machine before moving it.
+#
+# Then (2026-12-05, a later session) cma's reductions read in pieces of 256 KiB instead of
+# 1 MiB (_cma_collectives._REDUCE_STEP_BYTES), 7-20 % faster, and on the same Intel machine
+# cma won from 2 MiB (thresholds.py --each, 5 rounds, pipe / cma, us): allreduce w2 1 MiB
+# 253 / 278, 2 MiB 486 / 462, 4 MiB 891 / 709, 8 MiB 1823 / 1128; w4 1 MiB 1114 / 1105,
+# 2 MiB 1893 / 1721, 4 MiB 3136 / 2773; reduce_scatter w2 1 MiB 198 / 187, 2 MiB 353 /
+# 373, 4 MiB 642 / 652, 8 MiB 1275 / 1139; w4 1 MiB 735 / 602, 2 MiB 1181 / 909, 4 MiB
+# 2074 / 1585; reduce w2 1 MiB 245 / 285, 2 MiB 537 / 512, 4 MiB 920 / 912; w4 1 MiB 1040 /
+# 1084, 2 MiB 1814 / 1625, 4 MiB 2991 / 2569. Beside Open MPI in the same ranks
+# (bench/paired.py, 7 windows, two rounds each, ratio to its time, the pipe -> cma as
+# now): 4 MiB allreduce w2 1.49-1.62 -> 1.14-1.23, reduce w2 1.31-1.37 -> 1.17-1.29,
+# reduce_scatter w2 0.64-0.65 -> 0.59-0.65; at w4 reduce_scatter 0.45 -> 0.32-0.33, reduce
+# 0.58-0.61 -> 0.49-0.51. On the EPYC machine the pipe's lead at 4 MiB was 1.4x, more than
+# those pieces gain. So the limit goes by the CPU's vendor: the Intel machine's (cma above
+# 2 MiB) on Intel CPUs, the EPYC machine's (above 4 MiB) on every other. One machine of
+# each was measured; force the algorithm (TRIORING_ALGORITHM) where another differs.
+#
+# Then (2026-12-05, a third session on the Intel machine) the copies: alltoall went through
+# the pipe from world 3 at every size, and allgather from world 3 up to 8 MiB, from the
+# EPYC machine's numbers above. On the Intel machine cross-memory attach won every
+# alltoall cell at worlds 3 and 4, with more ranks than cores (thresholds.py --each, 5
+# rounds, pipe / cma, us): world 4 320 KiB 358 / 303, 384 KiB 401 / 328, 512 KiB 481 /
+# 409, 1 MiB 729 / 609, 4 MiB 2235 / 1498, 16 MiB 11457 / 8318; world 3 1 MiB 537 / 434,
+# 4 MiB 1739 / 1285, 16 MiB 9301 / 6674. Allgather split at 2-4 MiB: world 4 (7 rounds)
+# 512 KiB 429 / 434, 1 MiB 565-619 / 563-645, 2 MiB 916 / 865, 3 MiB 1271 / 1189, 4 MiB
+# 1746 / 1549, 8 MiB 3407 / 3069; world 3 1 MiB 465 / 482, 2 MiB 723 / 778, 3 MiB 1032 /
+# 1043, 4 MiB 1890 / 1309, 8 MiB 3552 / 2478. Beside Open MPI in the same ranks
+# (bench/paired.py, world 4, 7 windows, two rounds, both forced, ratio to Open MPI's
+# time): the 4 MiB alltoall 2.11 by the pipe, 1.47-1.54 by cma, 64 MiB 1.57 and 1.12;
+# the 4 MiB allgather took 1400-1698 us by the pipe, 1356-1466 by cma. With a core per
+# rank the gap widens: on a 16-core Xeon (bench/paired.py, Open MPI 5.0.11, one run) the
+# pipe's 4 MiB alltoall took 625 / 1515 / 3468 us at worlds 4 / 8 / 16 where the
+# single-copy floor of the same ranks (bench/_copy_floor.py) took 375 / 390 / 475, and
+# its 4 MiB allgather at world 4 437 against 330, where trioring's own cma calls took 7 %
+# more than that floor at world 2 (alltoall 383 against 357, allgather 368 against 343). So on Intel CPUs cross-memory attach takes every alltoall the slots cannot,
+# and every allgather above 2 MiB, as the reductions.
 
 
-def pipe_max_reduce_bytes(vendor: str) -> int:
-    """PIPE_MAX_REDUCE_BYTES on a CPU of ``vendor`` (``vendor_id`` in /proc/cpuinfo)."""
-    return PIPE_MAX_REDUCE_BYTES_BY_VENDOR.get(vendor, 4 * 1024 * 1024)
+@final
+@attrs.frozen
+class PipeLimits:
+    """The largest calls, in bytes, that go through the shared segment's pipe where
+    cross-memory attach was agreed too (cma takes the larger ones; without it the pipe takes
+    every call the slots cannot): ``reduce`` for allreduce, reduce_scatter(v) and reduce
+    (their input), ``allgather`` for allgather(v) (the bytes gathered in all) and
+    ``alltoall`` for alltoall (a rank's input), those two from world 3 (at world 2 cma takes
+    them all)."""
+
+    reduce: int
+    allgather: int
+    alltoall: int
 
 
-#: The limit on this machine (see PIPE_MAX_REDUCE_BYTES_BY_VENDOR). Every rank of a
-#: communicator that has a shared segment runs on one host, so all read the same vendor.
-PIPE_MAX_REDUCE_BYTES = pipe_max_reduce_bytes(cpu_vendor())
+#: More bytes than any call has: no limit.
+ANY_SIZE = 1 << 62
+#: The limits where the CPU's vendor has none of its own: the EPYC machine's (PIPE_FAMILY).
+PIPE_LIMITS_ELSEWHERE = PipeLimits(
+    reduce=4 * 1024 * 1024, allgather=8 * 1024 * 1024, alltoall=ANY_SIZE
+)
+#: The Intel Xeon machine's (see PIPE_LIMITS above), by ``vendor_id`` in /proc/cpuinfo.
+PIPE_LIMITS_BY_VENDOR = {
+    "GenuineIntel": PipeLimits(reduce=2 * 1024 * 1024, allgather=2 * 1024 * 1024, alltoall=0),
+}
+
+
+def pipe_limits(vendor: str) -> PipeLimits:
+    """The pipe's limits on a CPU of ``vendor`` (``vendor_id`` in /proc/cpuinfo)."""
+    return PIPE_LIMITS_BY_VENDOR.get(vendor, PIPE_LIMITS_ELSEWHERE)
+
+
+#: The limits on this machine. Every rank of a communicator that has a shared segment runs
+#: on one host, so all read the same vendor and decide alike.
+PIPE_LIMITS = pipe_limits(cpu_vendor())
+PIPE_MAX_REDUCE_BYTES = PIPE_LIMITS.reduce
+PIPE_MAX_ALLGATHER_BYTES = PIPE_LIMITS.allgather
+PIPE_MAX_ALLTOALL_BYTES = PIPE_LIMITS.alltoall
 
 # REDUCE_FAMILY: reduce_scatter and reduce_scatterv go by recursive halving up to
 # SMALL_REDUCE_SCATTER_BYTES (and one chunk: it sends each half in one frame, through the

@@ -46,7 +46,8 @@ class AllgatherMethods(CommunicatorCore):
         the shared segment (every rank publishes its block and the call, then copies every
         peer's); larger ones stream through the segment's pipe (each rank copies its block
         in, chunk by chunk, every other rank copies it out), from world 3 up to
-        ``PIPE_MAX_ALLGATHER_BYTES`` gathered in all where cross-memory attach is agreed;
+        ``PIPE_MAX_ALLGATHER_BYTES`` gathered in all where cross-memory attach is agreed
+        (2 MiB on Intel CPUs, 8 MiB on others: see the algorithms page);
         above that, at world 2, or without a segment above ``CMA_MIN_COPY_BYTES``, every
         rank reads every peer's block by cross-memory attach out of the peer's ``x``, each
         byte copied once straight from where it is to where it goes; the caller may

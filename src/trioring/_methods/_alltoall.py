@@ -55,11 +55,13 @@ class AlltoallMethods(CommunicatorCore):
         come to at most ``SHM_MAX_BYTES`` goes through the shared segment (every rank
         publishes those blocks and the call, copies its own block directly, then copies its
         block out of every peer's slot); larger inputs stream through the segment's pipe
-        (every block copied in by its sender, out by its receiver, chunk by chunk), except
-        at world 2 with cross-memory attach, which then takes them, as it does above
-        ``CMA_MIN_COPY_BYTES`` in all without a segment: every rank reads its block of every
-        peer's ``x`` directly, each byte copied once; the caller may overwrite its arrays as
-        soon as the call returns.
+        (every block copied in by its sender, out by its receiver, chunk by chunk) where
+        cross-memory attach is not agreed, or from world 3 up to ``PIPE_MAX_ALLTOALL_BYTES``
+        (none on Intel CPUs: the limits go by the CPU, see the algorithms page); otherwise
+        cross-memory attach takes them, as it does above ``CMA_MIN_COPY_BYTES`` in all
+        without a segment: every rank reads its block of every peer's ``x`` directly, each
+        byte copied once; the caller may overwrite its arrays as soon as the call
+        returns.
 
         If the call fails or is cancelled, the communicator is broken (as for any
         collective) and the contents of the result are unspecified; ``x`` is untouched.
