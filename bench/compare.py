@@ -38,6 +38,8 @@ import time
 from pathlib import Path
 from statistics import median
 
+from _mpirun import loopback_args
+
 HERE = Path(__file__).parent
 #: The collectives that Gloo and MPI have too (bench/_gloo_worker.py, bench/_mpi_worker.py),
 #: for --collective all.
@@ -127,7 +129,7 @@ def run_mpi(
     stdout = run_job(
         [
             mpirun, "--allow-run-as-root", "--oversubscribe", "-n", str(n), "--bind-to", "none",
-            *MPI_MCA[peer], "--mca", "oob_tcp_if_include", "lo",
+            *MPI_MCA[peer], *loopback_args(mpirun),
             sys.executable, str(HERE / "_mpi_worker.py"),
             ",".join(map(str, sizes)), ",".join(collectives),
             *(["--back-to-back"] if back_to_back else []),

@@ -52,6 +52,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _mpirun import loopback_args
+
 from trioring._bench import format_size, parse_sizes
 
 HERE = Path(__file__).parent
@@ -207,7 +209,7 @@ def main() -> None:
         raise SystemExit("paired: needs Open MPI's mpirun (make bench installs it)")
     command = [
         mpirun, "--allow-run-as-root", "--oversubscribe", "-n", str(args.n), "--bind-to", "none",
-        "--mca", "pml", "ob1", "--mca", "btl", "self,vader", "--mca", "oob_tcp_if_include", "lo",
+        "--mca", "pml", "ob1", "--mca", "btl", "self,vader", *loopback_args(mpirun),
         sys.executable, __file__, "--rank", ",".join(map(str, sizes)), ",".join(collectives),
         str(args.windows),
     ]  # fmt: skip
