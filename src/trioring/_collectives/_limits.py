@@ -231,8 +231,15 @@ SMALL_POW2_ALLGATHER_BYTES = 64 * 1024 * 1024
 # pipe's 4 MiB alltoall took 625 / 1515 / 3468 us at worlds 4 / 8 / 16 where the
 # single-copy floor of the same ranks (bench/_copy_floor.py) took 375 / 390 / 475, and
 # its 4 MiB allgather at world 4 437 against 330, where trioring's own cma calls took 7 %
-# more than that floor at world 2 (alltoall 383 against 357, allgather 368 against 343). So on Intel CPUs cross-memory attach takes every alltoall the slots cannot,
-# and every allgather above 2 MiB, as the reductions.
+# more than that floor at world 2 (alltoall 383 against 357, allgather 368 against 343).
+# So on Intel CPUs cross-memory attach takes every alltoall the slots cannot, and every
+# allgather above 2 MiB, as the reductions. The two tables, unforced, beside Open MPI
+# (bench/paired.py, 5 windows, two rounds each, ratio to its time, before -> after):
+# alltoall at world 4 1 MiB 2.63-2.69 -> 2.24-2.25, 4 MiB 2.08-2.09 -> 1.49-1.55, 16 MiB
+# 1.87-1.94 -> 1.24-1.25; at world 3 1 MiB 2.59-2.71 -> 1.67-1.79, 4 MiB 1.67-1.74 ->
+# 1.28-1.33, 16 MiB 1.62-1.70 -> 1.02-1.26; the 4 MiB allgather at world 3 0.87-0.89 ->
+# 0.63-0.74, at world 4 no gain on the 2 vCPUs (1.09-1.30 -> 1.30-1.32; 1441-1584 us ->
+# 1631-1632), where the pipe's readers and writers share the two cores.
 
 
 @final
