@@ -57,7 +57,8 @@ class AlltoallMethods(CommunicatorCore):
         block out of every peer's slot); larger inputs stream through the segment's pipe
         (every block copied in by its sender, out by its receiver, chunk by chunk) where
         cross-memory attach is not agreed, or from world 3 up to ``PIPE_MAX_ALLTOALL_BYTES``
-        (none on Intel CPUs: the limits go by the CPU, see the algorithms page); otherwise
+        (0 on Intel CPUs, where cross-memory attach takes them all; no limit on others: see
+        the algorithms page); otherwise
         cross-memory attach takes them, as it does above ``CMA_MIN_COPY_BYTES`` in all
         without a segment: every rank reads its block of every peer's ``x`` directly, each
         byte copied once; the caller may overwrite its arrays as soon as the call
