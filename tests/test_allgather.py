@@ -607,8 +607,11 @@ async def test_allgatherv_shape_and_out_mismatch_on_every_rank(n: int) -> None:
             if case == "trailing":
                 assert f"rank {other}: allgatherv float32[{other}, " in text, text
                 assert f"[{other}, {3 if other != 1 else 4}]" in text, text
+                assert sorted(exc.calls) == sorted({r, other}), exc.calls
+                assert exc.calls[other].startswith(f"allgatherv float32[{other}, "), exc.calls
             else:
                 assert f"rank 1: out= holds {n * 2 + 1} elements" in text, text
+                assert exc.calls == {}, exc.calls  # not about the calls themselves
         for comm in comms:
             assert comm.broken
 

@@ -90,6 +90,13 @@ async def test_different_collectives_raise_on_both_ranks(
         for name in (first, second):
             # "reduce(sum, root=0) float32[6] #1", "allgather float32[6] #1"
             assert re.search(rf"\b{name}[ (]", message), (name, message)
+        # Each side's call, by rank, as the message names it (for trioring run's summary);
+        # empty where the error came relayed in an abort frame (see _wire.abort_error).
+        assert isinstance(exc, trioring.CollectiveMismatchError)
+        if exc.calls:
+            assert sorted(exc.calls) == [0, 1], exc.calls
+            assert re.match(rf"{first if rank == 0 else second}\b", exc.calls[rank]), exc.calls
+            assert all(f"rank {r}: {call}" in message for r, call in exc.calls.items()), message
 
 
 @pytest.mark.parametrize(("first", "second"), PAIRS[:: len(NAMES) - 2])

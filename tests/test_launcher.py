@@ -51,8 +51,26 @@ RANK_SCRIPT = textwrap.dedent(
         signal.signal(signal.SIGTERM, lambda *_: (out / f"term{rank}").touch())
     if kind == "exit-on-term":
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(int(arg)))
-    if kind in ("echo", "raise", "raise-on-term"):
+    if kind in ("echo", "raise", "raise-on-term", "mismatch", "mismatch-on-term"):
         import trioring  # installs the launcher's excepthook (trioring._launched)
+
+    def mismatched():
+        # What rank `arg`'s float64 allreduce makes the float32 ranks raise, and it them.
+        odd = int(arg)
+        peer = 0 if rank == odd else odd
+        calls = {
+            r: f"allreduce(sum) {'float64' if r == odd else 'float32'}[4] #1"
+            for r in (rank, peer)
+        }
+        text = ", ".join(f"rank {r}: {call}" for r, call in calls.items())
+        return trioring.CollectiveMismatchError(text, calls=calls, rank=rank, peer=peer)
+
+    if kind == "mismatch-on-term":
+        # Sees the mismatch too, just after the first rank did: the launcher's SIGTERM.
+        def fail_mismatched(*_):
+            raise mismatched()
+
+        signal.signal(signal.SIGTERM, fail_mismatched)
     if kind == "raise-on-term":
         # Fails on its own error as it is stopped: it was already exiting, as far as the
         # launcher can tell.
@@ -123,7 +141,10 @@ RANK_SCRIPT = textwrap.dedent(
     if kind == "raise":
         wait_for_peers()
         raise ExceptionGroup("two errors", [ValueError(arg + "\\nsecond line"), KeyError(1)])
-    if kind in ("block", "stubborn", "exit-on-term", "raise-on-term"):
+    if kind == "mismatch":
+        wait_for_peers()
+        raise mismatched()
+    if kind in ("block", "stubborn", "exit-on-term", "raise-on-term", "mismatch-on-term"):
         while True:
             signal.pause()
     sys.exit(98)
@@ -412,6 +433,24 @@ def test_the_first_failures_error_is_repeated_beside_the_summary(job: Job) -> No
         "trioring run: rank 1 raised ValueError: bad batch second line (and 1 more like it)\n"
         "trioring run: rank 1 exited with code 1 (first failure); rank 2 failed on its own "
         "too; terminated ranks 0, 3\n"
+    ), stderr
+    job.assert_no_rank_alive()
+
+
+def test_a_mismatch_names_the_rank_whose_call_differs(job: Job) -> None:
+    """Rank 2 made a float64 allreduce where the others made float32 ones. Rank 1 sees it
+    first, so it is the first failure, but every rank's report of the mismatch reaches the
+    launcher, which says whose call differs from the others'."""
+    plan = {"default": "mismatch-on-term:2", "1": "mismatch:2"}
+    status, stderr, _ = job.run(job.argv(4, plan, "--grace", "20"))
+    assert status == 1, stderr
+    assert stderr.endswith(
+        "trioring run: rank 1 raised trioring.CollectiveMismatchError: rank 1: allreduce(sum) "
+        "float32[4] #1, rank 2: allreduce(sum) float64[4] #1\n"
+        "trioring run: rank 2's call differs from the other ranks' (rank 2: allreduce(sum) "
+        "float64[4] #1; ranks 0, 1, 3: allreduce(sum) float32[4] #1)\n"
+        "trioring run: rank 1 exited with code 1 (first failure); ranks 0, 2, 3 failed on "
+        "their own too\n"
     ), stderr
     job.assert_no_rank_alive()
 

@@ -38,7 +38,8 @@ from trioring._errors import (
     PeerAbortedError,
     PeerFailedError,
 )
-from trioring._launched import echo_line, echoed_ranks, error_line
+from trioring._launched import echo_line, echoed_ranks, error_line, mismatched_calls, odd_calls
+from trioring._wire import DTYPE_CODES, AbortKind, Kind, OpSpec, abort_error
 from trioring.testing import open_local_world
 
 if TYPE_CHECKING:
@@ -599,3 +600,47 @@ def test_a_crash_on_one_rank_of_four_is_reported_once(
     # Every other rank is accounted for: failed because of rank 2, or terminated.
     assert sorted(int(n) for n in re.findall(r"\d+", summary.group(1))) == [0, 1, 3], lines[-1]
     assert len(lines) < 25, result.stderr
+
+
+@pytest.mark.parametrize(
+    ("calls", "expected"),
+    [
+        (
+            {0: "a", 1: "a", 2: "b", 3: "a"},
+            "rank 2's call differs from the other ranks' (rank 2: b; ranks 0, 1, 3: a)",
+        ),
+        (
+            {0: "a", 1: "b", 2: "c", 3: "a", 4: "a"},
+            "the calls of ranks 1, 2 differ from the other ranks' (rank 1: b; rank 2: c; ranks 0, 3, 4: a)",
+        ),
+        # One rank against one, a tie, or all alike: the reports cannot tell.
+        ({0: "a", 1: "b"}, None),
+        ({0: "a", 1: "a", 2: "b", 3: "b"}, None),
+        ({0: "a", 1: "a"}, None),
+        ({}, None),
+    ],
+)
+def test_whose_call_differs(calls: dict[int, str], expected: str | None) -> None:
+    assert odd_calls(calls) == expected
+
+
+def test_a_mismatch_reports_its_calls_by_world_rank() -> None:
+    """A mismatch in a sub-communicator names its own ranks: trioring run is told world ranks."""
+    error = trioring.CollectiveMismatchError("m", calls={0: "x", 1: "y"}, rank=0, peer=1)
+    assert mismatched_calls(error) == {"0": "x", "1": "y"}
+    error._trioring_world_ranks = (3, 5)
+    assert mismatched_calls(ExceptionGroup("g", [error])) == {"3": "x", "5": "y"}
+    error._trioring_world_ranks = (3,)  # ranks it cannot map: nothing rather than wrong
+    assert mismatched_calls(error) == {}
+    assert mismatched_calls(ValueError("v")) == {}
+
+
+def test_a_relayed_mismatch_carries_this_ranks_own_call() -> None:
+    """A rank that learns of a mismatch from a peer's abort frame knows one call of it, its
+    own: it tells trioring run so, which can then count it with the ranks that agree."""
+    spec = OpSpec(Kind.BROADCAST, 3, DTYPE_CODES[np.dtype(np.float64)], 16, 0, 0)
+    error = abort_error(1, 0, spec, AbortKind.MISMATCH, 0, 3, "rank 0: ..., rank 3: ...", 0)
+    assert isinstance(error, trioring.CollectiveMismatchError)
+    assert error.calls == {1: "broadcast(root=0) float64[16] #3"}
+    assert echoed_ranks(error) == frozenset({0})
+    assert mismatched_calls(error) == {"1": "broadcast(root=0) float64[16] #3"}

@@ -24,7 +24,10 @@ so that a log line from any rank says which rank did what.
 
 from __future__ import annotations
 
-from typing import final
+from typing import TYPE_CHECKING, final
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
 
 __all__ = [
     "CollectiveError",
@@ -205,7 +208,32 @@ class PeerAbortedError(CollectiveError):
 class CollectiveMismatchError(CollectiveError):
     """Two ranks ran different collectives at the same point: a different kind, sequence
     number, dtype, element count, reduce op or root. The message names both sides, e.g.
-    ``rank 0: allreduce(sum) float32[1000] #17, rank 1: allreduce(sum) float64[1000] #17``."""
+    ``rank 0: allreduce(sum) float32[1000] #17, rank 1: allreduce(sum) float64[1000] #17``.
+
+    Attributes:
+        calls: each side's call as the message names it, by rank (of the communicator that
+            raised): ``{0: "allreduce(sum) float32[1000] #17", 1: "allreduce(sum)
+            float64[1000] #17"}``; empty where the disagreement is not about the calls
+            themselves (a gatherv root's ``out=`` too small for what the ranks send).
+            ``trioring run`` gathers them from every rank to say whose call differs from
+            the others'.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        calls: Mapping[int, str] | None = None,
+        rank: int | None = None,
+        peer: int | None = None,
+        collective: str | None = None,
+        seq: int | None = None,
+        job_id: str | None = None,
+    ) -> None:
+        super().__init__(
+            message, rank=rank, peer=peer, collective=collective, seq=seq, job_id=job_id
+        )
+        self.calls: dict[int, str] = dict(calls or {})
 
 
 @final

@@ -17,6 +17,9 @@ printed 130 lines and 9 tracebacks). So, in a process whose environment has
   its full traceback. The launcher is told its one-line summary (type and message, through
   a file ``<pid>.error``), which it repeats beside its own summary of the job: with many
   ranks, the traceback that names what went wrong may be far above it.
+* For a :class:`~trioring.CollectiveMismatchError`, seen or relayed, either file also
+  carries the calls it names by world rank (a relayed one: this rank's own), from which the
+  launcher tells whose call differs from the others'.
 * Either way the process first ignores ``SIGTERM``: it is exiting already, and a ``SIGTERM``
   from the launcher stopping the job must not cut its report off half-way (the launcher's
   ``SIGKILL`` after the grace period still ends a rank that hangs in a hook).
@@ -35,9 +38,10 @@ import sys
 from typing import TYPE_CHECKING
 
 from ._concurrency import first_leaf
-from ._errors import echoed_ranks, ranks_note
+from ._errors import CollectiveMismatchError, echoed_ranks, ranks_note
 
 if TYPE_CHECKING:
+    from collections.abc import Collection, Mapping
     from types import TracebackType
 
 RUN_DIR_VARIABLE = "TRIORING_RUN_DIR"
@@ -48,7 +52,7 @@ ERROR_SUFFIX = ".error"
 _ERROR_LINE_CHARS = 1000
 
 
-def _ranks(ranks: frozenset[int]) -> str:
+def _ranks(ranks: Collection[int]) -> str:
     if len(ranks) == 1:
         return f"rank {next(iter(ranks))}"
     return "ranks " + ", ".join(map(str, sorted(ranks)))
@@ -76,6 +80,59 @@ def error_line(exc: BaseException) -> str:
     if len(line) > _ERROR_LINE_CHARS:
         line = line[: _ERROR_LINE_CHARS - 3] + "..."
     return line
+
+
+def mismatched_calls(exc: BaseException) -> dict[str, str]:
+    """For a :class:`~trioring.CollectiveMismatchError` (the first failure in ``exc``), each
+    side's call by world rank (as JSON keys); empty for anything else."""
+    leaf, _ = first_leaf(exc)
+    if not isinstance(leaf, CollectiveMismatchError):
+        return {}
+    world = leaf._trioring_world_ranks
+    calls = {}
+    for rank, call in leaf.calls.items():
+        if world is not None:
+            if not 0 <= rank < len(world):
+                return {}  # not ranks of that communicator: say nothing rather than wrong
+            rank = world[rank]
+        calls[str(rank)] = call
+    return calls
+
+
+def odd_calls(calls: Mapping[int, str]) -> str | None:
+    """Whose call differs from the others', from every side of the mismatches the ranks
+    reported (``calls``: rank -> its call): the ranks outside the one call that more ranks
+    made than any other, if at least two made it; None where the reports cannot tell (a
+    tie, or one rank against one)."""
+    by_call: dict[str, list[int]] = {}
+    for rank, call in sorted(calls.items()):
+        by_call.setdefault(call, []).append(rank)
+    if len(by_call) < 2:
+        return None
+    groups = sorted(by_call.items(), key=lambda item: -len(item[1]))
+    (common, most), runner_up = groups[0], groups[1][1]
+    if len(most) < 2 or len(most) == len(runner_up):
+        return None
+    odd = sorted(rank for _, ranks in groups[1:] for rank in ranks)
+    whose = (
+        f"rank {odd[0]}'s call differs" if len(odd) == 1 else f"the calls of {_ranks(odd)} differ"
+    )
+    others = "; ".join(f"{_ranks(ranks)}: {call}" for call, ranks in groups[1:])
+    return f"{whose} from the other ranks' ({others}; {_ranks(most)}: {common})"
+
+
+def read_calls(run_dir: str, pid: int) -> dict[int, str]:
+    """The calls, by world rank, of the mismatch that the process ``pid`` exited on (its
+    error or its echo, see ``_launched``); empty if it named none."""
+    calls: dict[int, str] = {}
+    for suffix in (ERROR_SUFFIX, ECHO_SUFFIX):
+        try:
+            with open(os.path.join(run_dir, f"{pid}{suffix}"), encoding="utf-8") as file:
+                named = json.load(file).get("calls", {})
+            calls.update((int(rank), call) for rank, call in named.items() if type(call) is str)
+        except (OSError, ValueError, TypeError, AttributeError):
+            continue
+    return calls
 
 
 def echo_line(exc: BaseException, ranks: frozenset[int]) -> str:
@@ -115,10 +172,16 @@ def install() -> None:
         _ignore_sigterm()
         ranks = echoed_ranks(exc)
         if ranks is None:
-            _tell_launcher(run_dir, ERROR_SUFFIX, {"error": error_line(exc)})
+            report: dict[str, object] = {"error": error_line(exc)}
+            if calls := mismatched_calls(exc):
+                report["calls"] = calls
+            _tell_launcher(run_dir, ERROR_SUFFIX, report)
             previous(exc_type, exc, tb)
             return
-        _tell_launcher(run_dir, ECHO_SUFFIX, {"echoes": sorted(ranks)})
+        echo: dict[str, object] = {"echoes": sorted(ranks)}
+        if calls := mismatched_calls(exc):
+            echo["calls"] = calls  # a relayed mismatch: this rank's own call
+        _tell_launcher(run_dir, ECHO_SUFFIX, echo)
         sys.stderr.write(echo_line(exc, ranks))
         sys.stderr.flush()
 

@@ -56,7 +56,7 @@ from typing import TYPE_CHECKING, Literal, TextIO, final
 import attrs
 import trio
 
-from ._launched import ECHO_SUFFIX, ERROR_SUFFIX, RUN_DIR_VARIABLE
+from ._launched import ECHO_SUFFIX, ERROR_SUFFIX, RUN_DIR_VARIABLE, odd_calls, read_calls
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
@@ -325,6 +325,8 @@ class _Supervisor:
     pending_echo: tuple[int, int] | None = None
     # rank -> its uncaught error in one line, for every rank that exited non-zero on one.
     errors: dict[int, str] = attrs.Factory(dict)
+    # rank -> its call, from every side of the mismatches that ranks exited on.
+    calls: dict[int, str] = attrs.Factory(dict)
 
     @property
     def stopping(self) -> bool:
@@ -357,6 +359,8 @@ class _Supervisor:
             error = _read_error(self.run_dir, process.pid)
             if error is not None:
                 self.errors[rank] = error
+        if returncode != 0 and self.run_dir is not None:
+            self.calls.update(read_calls(self.run_dir, process.pid))
         if returncode == 0 or self.stopping:
             self._settle_pending(nursery)
             return
@@ -463,6 +467,10 @@ class _Supervisor:
         if first is not None and first in self.errors:
             # Its traceback may be far above, among the other ranks' output.
             print(f"trioring run: rank {first} raised {self.errors[first]}", file=self.stderr)
+        if (odd := odd_calls(self.calls)) is not None:
+            # The first failure is whichever rank saw the mismatch first, not the one whose
+            # call was wrong.
+            print(f"trioring run: {odd}", file=self.stderr)
         print(f"trioring run: {'; '.join(parts)}", file=self.stderr, flush=True)
         return status
 

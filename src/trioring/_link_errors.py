@@ -69,11 +69,12 @@ class LinkErrors:
         ):
             return None
         remote = describe_remote(kind, seq, dtype, count, op, root)
-        return self._error(
-            CollectiveMismatchError,
-            spec,
-            f"rank {self.rank}: {spec.describe()}, rank {self.peer}: {remote}",
+        mine = spec.describe()
+        error = self._error(
+            CollectiveMismatchError, spec, f"rank {self.rank}: {mine}, rank {self.peer}: {remote}"
         )
+        error.calls = {self.rank: mine, self.peer: remote}
+        return error
 
     def header_mismatch(self, spec: OpSpec, header: memoryview) -> CollectiveError:
         """The error for this link's peer having published, in shared memory, a frame header

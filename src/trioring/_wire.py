@@ -224,6 +224,9 @@ def abort_error(
             seq=spec.seq,
             job_id=job_id,
         )
+        if isinstance(error, CollectiveMismatchError):
+            # Seen elsewhere: of the calls, this rank knows its own.
+            error.calls = {rank: spec.describe()}
     else:
         via = "" if subject == sender else f" (relayed by rank {sender})"
         if kind == AbortKind.CANCELLED and reason.startswith("cancelled "):

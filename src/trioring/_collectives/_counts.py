@@ -31,10 +31,14 @@ def describe(
     return f"{spec.kind.label} {dtype.name}[{', '.join(dims)}] #{spec.seq}"
 
 
-def mismatch(world: World, spec: OpSpec, peer: int, detail: str) -> CollectiveMismatchError:
-    """The counts of ``peer`` disagree with this rank's, as ``detail`` says."""
+def mismatch(
+    world: World, spec: OpSpec, peer: int, detail: str, calls: dict[int, str] | None = None
+) -> CollectiveMismatchError:
+    """The counts of ``peer`` disagree with this rank's, as ``detail`` says (and ``calls``,
+    each side's call, where the calls differ)."""
     return CollectiveMismatchError(
         f"rank {world.rank}: {detail}",
+        calls=calls,
         rank=world.rank,
         peer=peer,
         job_id=job_id(world),
@@ -72,7 +76,9 @@ def checked_rows(
             raise impossible_counts(world, spec, peer, vectors[peer])
         if peer_trailing != trailing:
             theirs = describe(spec, _dtype(spec), peer_rows, tuple(peer_trailing))
-            raise mismatch(world, spec, peer, f"{_me(world, spec, table)}, rank {peer}: {theirs}")
+            mine = _me(world, spec, table)
+            calls = {world.rank: mine, peer: theirs}
+            raise mismatch(world, spec, peer, f"{mine}, rank {peer}: {theirs}", calls)
     all_rows = [vector[0] for vector in table]
     total = sum(all_rows) * math.prod(trailing)
     for peer in range(world.size) if root is None else (root,):
