@@ -122,8 +122,8 @@ def odd_calls(calls: Mapping[int, str]) -> str | None:
 
 
 def read_calls(run_dir: str, pid: int) -> dict[int, str]:
-    """The calls, by world rank, of the mismatch that the process ``pid`` exited on (its
-    error or its echo, see ``_launched``); empty if it named none."""
+    """What the launcher reads of the calls, by world rank, of the mismatch that the
+    process ``pid`` exited on (beside its error or its echo); empty if it named none."""
     calls: dict[int, str] = {}
     for suffix in (ERROR_SUFFIX, ECHO_SUFFIX):
         try:
