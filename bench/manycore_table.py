@@ -16,25 +16,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from plot import MPI_TARGETS
+from plot import MPI_TARGETS, find_cell, load_paired
 
 from trioring._bench import format_size
 
 RESULTS = Path(__file__).parent / "results"
-
-
-def _cells(path: Path) -> list[dict]:
-    cells: list[dict] = json.loads(path.read_text())["cells"]
-    return cells
-
-
-def _find(cells: list[dict], collective: str, size: int, n: int) -> dict:
-    # The smallest cells of the collectives that split into blocks move one element per
-    # rank: their size is 4 bytes times the world size.
-    for cell in cells:
-        if cell["collective"] == collective and cell["size"] in (size, 4 * n if size == 4 else -1):
-            return cell
-    raise SystemExit(f"no {collective} {size} at world {n}")
 
 
 def main() -> None:
@@ -47,14 +33,17 @@ def main() -> None:
     met = [0, 0]
     total = 0
     for n in (2, 4):
-        here = _cells(RESULTS / f"paired_w{n}.json")
-        there = _cells(RESULTS / "cores16" / f"paired_w{n}.json")
+        here = load_paired([RESULTS / f"paired_w{n}.json"])
+        there = load_paired([RESULTS / "cores16" / f"paired_w{n}.json"])
         for collectives, worlds, sizes, limit in MPI_TARGETS:
             for collective in collectives:
                 for size in sizes:
                     if n not in worlds:
                         continue
-                    a, b = _find(here, collective, size, n), _find(there, collective, size, n)
+                    a = find_cell(here, collective, n, size, "unix")
+                    b = find_cell(there, collective, n, size, "unix")
+                    if a is None or b is None:
+                        raise SystemExit(f"no {collective} {size} at world {n}")
                     total += 1
                     shown = []
                     for i, cell in enumerate((a, b)):

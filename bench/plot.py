@@ -205,7 +205,7 @@ GLOO_TARGETS = [
 ]
 
 
-def _find(cells: list[dict], collective: str, n: int, size: int, transport: str) -> dict | None:
+def find_cell(cells: list[dict], collective: str, n: int, size: int, transport: str) -> dict | None:
     """The cell of ``size``, or for the collectives that split it into blocks (whose
     smallest cells move one element per rank) the smallest cell of at least ``size``."""
     mine = sorted(
@@ -250,7 +250,7 @@ def _paired(
     and as a number, the floor of trioring's design in the same ranks (its time, and its
     ratio to Open MPI's), and that floor with a Trio schedule point (its time, and its
     ratio with the range over windows); empty and None where they did not run."""
-    cell = _find(paired, collective, n, size, "unix")
+    cell = find_cell(paired, collective, n, size, "unix")
     if cell is None:
         return "", None, "", ""
     text = f"{cell['ratio']:.2f} ({cell['ratio_min']:.2f}-{cell['ratio_max']:.2f})"
@@ -290,7 +290,7 @@ def targets(cells: list[dict], floor: dict | None = None, paired: list[dict] | N
         for collective in collectives:
             for n in worlds:
                 for size in sizes:
-                    cell = _find(cells, collective, n, size, "unix")
+                    cell = find_cell(cells, collective, n, size, "unix")
                     label = format_size(size) + (" B" if size < 1024 else "")
                     name = (
                         f"{collective} {label}, world {n}" if size else f"{collective}, world {n}"
@@ -319,7 +319,7 @@ def targets(cells: list[dict], floor: dict | None = None, paired: list[dict] | N
         "|---|---:|---:|---:|---:|---|",
     ]
     for collective, n, size, transport, limit in GLOO_TARGETS:
-        cell = _find(cells, collective, n, size, transport)
+        cell = find_cell(cells, collective, n, size, transport)
         label = format_size(size) + (" B" if size < 1024 else "")
         name = f"{collective} {label}, world {n}" if size else f"{collective}, world {n}"
         name += f" ({transport})"

@@ -287,10 +287,15 @@ def echoed_ranks(exc: BaseException) -> frozenset[int] | None:
         return None
     relayed = exc._trioring_abort is not None
     if isinstance(exc, PeerFailedError | PeerAbortedError) or relayed:
-        world = exc._trioring_world_ranks
-        if world is None:
-            return frozenset({exc.peer})
-        if not 0 <= exc.peer < len(world):
-            return None
-        return frozenset({world[exc.peer]})
+        peer = world_rank(exc, exc.peer)
+        return None if peer is None else frozenset({peer})
     return None
+
+
+def world_rank(error: CollectiveError, rank: int) -> int | None:
+    """The world's rank of ``rank``, a rank of the communicator that raised ``error`` (the
+    same rank unless it is a sub-communicator); None if it has no such rank."""
+    world = error._trioring_world_ranks
+    if world is None:
+        return rank
+    return world[rank] if 0 <= rank < len(world) else None

@@ -38,7 +38,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from ._concurrency import first_leaf
-from ._errors import CollectiveMismatchError, echoed_ranks, ranks_note
+from ._errors import CollectiveMismatchError, echoed_ranks, ranks_note, world_rank
 
 if TYPE_CHECKING:
     from collections.abc import Collection, Mapping
@@ -88,14 +88,12 @@ def mismatched_calls(exc: BaseException) -> dict[str, str]:
     leaf, _ = first_leaf(exc)
     if not isinstance(leaf, CollectiveMismatchError):
         return {}
-    world = leaf._trioring_world_ranks
     calls = {}
     for rank, call in leaf.calls.items():
-        if world is not None:
-            if not 0 <= rank < len(world):
-                return {}  # not ranks of that communicator: say nothing rather than wrong
-            rank = world[rank]
-        calls[str(rank)] = call
+        mapped = world_rank(leaf, rank)
+        if mapped is None:
+            return {}  # not ranks of that communicator: say nothing rather than wrong
+        calls[str(mapped)] = call
     return calls
 
 
