@@ -14,6 +14,7 @@ bitwise the same.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -397,6 +398,13 @@ def test_one_host_algorithms_forced(tmp_path: Path, world_size: int) -> None:
             # Forced at every size, from empty arrays to one that wraps the ring.
             assert calls.get("pipe_broadcast", 0) >= 8, calls
             assert calls.get("pipe_allreduce", 0) >= 24, calls
+            # A broadcast through the slots of more than three pieces goes piece by piece
+            # (256 KiB and 196,612 bytes, forced "shm"); through the pipe, its chunks are
+            # a quarter of it (a power of two from 64 KiB to 1 MiB); unless some rank
+            # shares its CPUs with more ranks than it has, which every rank agreed on.
+            assert report["crowded"] is (world_size > len(os.sched_getaffinity(0))), report
+            assert calls.get("_broadcast_pieces", 0) >= 2, calls
+            assert {64 << 10, 128 << 10, 256 << 10, 1 << 20} <= set(report["chunks"]), report
 
 
 @pytest.mark.skipif(not (SHM_HERE and CMA_HERE), reason="needs both one-host paths")

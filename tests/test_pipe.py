@@ -50,6 +50,18 @@ def test_sigkill_in_the_stream(tmp_path: Path, victim: int, collective: str) -> 
         assert report["elapsed"] < 5.0, report
 
 
+def test_sigkill_between_the_pieces_of_a_broadcast_through_the_slots(tmp_path: Path) -> None:
+    """The root of a 256 KiB broadcast through the slots dies after its third piece of
+    four: the others, each waiting for the fourth, raise PeerFailedError naming it, as
+    they would had it died before publishing."""
+    survivors = run_killed(WORKER, ["kill", str(tmp_path), "0", "slot_broadcast"], tmp_path, 0)
+    for report in survivors.values():
+        assert report["error"] == "PeerFailedError", report
+        assert report["peer"] == 0, report
+        assert report["broken"], report
+        assert report["elapsed"] < 5.0, report
+
+
 @pytest.mark.parametrize("victim", [0, 3], ids=["root", "receiver"])
 def test_cancel_in_the_stream(tmp_path: Path, victim: int) -> None:
     """A rank whose caller cancels it mid-stream is cancelled (its communicator broken), and

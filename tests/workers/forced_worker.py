@@ -42,6 +42,20 @@ for _name in ("cma_allreduce", "cma_broadcast"):
     count_calls(_cma_collectives, _name)
 count_calls(_pipe, "pipe_broadcast")
 count_calls(_pipe, "pipe_allreduce")
+count_calls(_shm_collectives, "_broadcast_pieces")
+#: The chunk sizes that calls through the pipe were cut into (a broadcast's depend on its
+#: size: see _shm.broadcast_piece_bytes).
+CHUNKS: set[int] = set()
+_start = _pipe._start
+
+
+async def _recorded_start(*args: Any, **kwargs: Any) -> Any:
+    stream = await _start(*args, **kwargs)
+    CHUNKS.add(stream.chunk_bytes)
+    return stream
+
+
+_pipe._start = _recorded_start
 #: Float32 elements that wrap the pipe's ring and end in a partial chunk.
 RING_WRAPPING = (PIPE_CHUNKS + 1) * PIPE_CHUNK_BYTES // 4 + 12_345
 
@@ -120,11 +134,27 @@ async def main(mode: str, out_dir: Path) -> int:
                     if feature in ("shm", "cma") and feature not in features:
                         continue
                     comm._force_algorithm("broadcast", name)
-                    broadcast_sizes = sizes if name == "shm" else (*sizes, RING_WRAPPING)
+                    # Through the slots, four pieces the last of one element; through the
+                    # pipe, five chunks of 128 KiB (and 256 KiB for 300_001).
+                    broadcast_sizes = (*sizes, 49_153, 150_001)
+                    if name != "shm":
+                        broadcast_sizes = (*broadcast_sizes, RING_WRAPPING)
                     for i, count in enumerate(broadcast_sizes):
                         if name == "shm" and count * 4 > SHM_MAX_BYTES:
                             continue
                         await check_broadcast(comm, errors, i, count, i % n)
+                    if feature == "shm":
+                        # Whole copies where some rank is crowded, pieces elsewhere (see
+                        # _shm.SharedSlots.crowded): every rank flips what it agreed, so
+                        # that both run at every world size on any machine.
+                        slots = comm._world.shm
+                        assert slots is not None
+                        slots.crowded = not slots.crowded
+                        for i, count in enumerate(broadcast_sizes[-4:]):
+                            if name == "shm" and count * 4 > SHM_MAX_BYTES:
+                                continue
+                            await check_broadcast(comm, errors, i, count, (i + 1) % n)
+                        slots.crowded = not slots.crowded
                 for name in _decision.ALGORITHMS["barrier"]:
                     if name in ("shm", "cma") and name not in features:
                         continue
@@ -157,6 +187,8 @@ async def main(mode: str, out_dir: Path) -> int:
         "errors": errors,
         "features": sorted(features),
         "calls": CALLS,
+        "chunks": sorted(CHUNKS),
+        "crowded": None if comm._world.shm is None else comm._world.shm.crowded,
     }
     (out_dir / f"rank{comm.rank}.json").write_text(json.dumps(report))
     return 1 if errors else 0

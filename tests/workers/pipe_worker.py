@@ -4,10 +4,14 @@ that goes wrong.
 
 ``trioring run -n N --transport unix pipe_worker.py MODE OUT_DIR VICTIM [COLLECTIVE]``
 (COLLECTIVE: ``broadcast``, the default, ``allreduce``, ``reduce``, ``reduce_scatter``,
-``allgather``, ``gather``, ``scatter`` or ``alltoall``; ``mismatch`` is a broadcast). Modes:
+``allgather``, ``gather``, ``scatter`` or ``alltoall``; ``mismatch`` is a broadcast; or
+``slot_broadcast``, a 256 KiB broadcast through the slots, in four pieces as where no
+rank is crowded).
+Modes:
 
 - ``kill``: rank VICTIM SIGKILLs itself as it finishes its third chunk (written, copied
-  out or reduced), in the middle of the stream.
+  out or reduced), in the middle of the stream; in a ``slot_broadcast``, as the root
+  says that its third piece is in.
 - ``cancel``: rank VICTIM cancels its call at the same point (a cancel scope it cancels
   itself), and reports whether it was cancelled.
 - ``mismatch``: rank VICTIM names itself the root; the others name rank 0.
@@ -30,13 +34,24 @@ import numpy as np
 import trio
 
 import trioring
-from trioring._onehost import _pipe
+from trioring._onehost import _pipe, _shm
 
 ELEMENTS = 4 * 1024 * 1024
 
 
-def at_third_chunk(action: Any) -> None:
-    """Run ``action`` as this rank finishes its third chunk of the pipe."""
+def at_third_chunk(action: Any, collective: str) -> None:
+    """Run ``action`` as this rank finishes its third chunk of the pipe (the third piece
+    of a ``slot_broadcast``'s root)."""
+    if collective == "slot_broadcast":
+        store = _shm.SharedSlots.store
+
+        def counted_store(self: Any, word: int, value: int) -> None:
+            store(self, word, value)
+            if word == self.own_word + _shm.PRODUCED and value & 0xFFFFFF == 3:
+                action()
+
+        _shm.SharedSlots.store = counted_store  # type: ignore[method-assign]
+        return
     original = _pipe._Stream.breathe
     calls = [0]
 
@@ -52,6 +67,12 @@ def at_third_chunk(action: Any) -> None:
 def call(comm: trioring.Communicator, collective: str, root: int) -> Any:
     """The collective ``collective`` of 16 MiB in all, forced through the pipe."""
     n, rank = comm.world_size, comm.rank
+    if collective == "slot_broadcast":
+        comm._force_algorithm("broadcast", "shm")
+        # In pieces, as where no rank is crowded (every rank sets it alike).
+        assert comm._world.shm is not None
+        comm._world.shm.crowded = False
+        return comm.broadcast(np.full(_shm.SHM_MAX_BYTES // 4, float(rank), np.float32), root=root)
     comm._force_algorithm(collective, "pipe")
     x = np.full(ELEMENTS, float(rank), np.float32)
     if collective == "broadcast":
@@ -83,9 +104,9 @@ async def main(mode: str, out_dir: Path, victim: int, collective: str) -> int:
             scope = trio.CancelScope()
             if rank == victim:
                 if mode == "kill":
-                    at_third_chunk(lambda: os.kill(os.getpid(), signal.SIGKILL))
+                    at_third_chunk(lambda: os.kill(os.getpid(), signal.SIGKILL), collective)
                 elif mode == "cancel":
-                    at_third_chunk(scope.cancel)
+                    at_third_chunk(scope.cancel, collective)
                 else:
                     root = victim
             await comm.barrier()

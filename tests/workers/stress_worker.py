@@ -28,7 +28,7 @@ import numpy as np
 import trio
 
 import trioring
-from trioring._onehost import _cma_collectives, _pipe
+from trioring._onehost import _cma_collectives, _pipe, _shm_collectives
 
 #: Calls of each one-host algorithm of the reductions, as the decision table chose them.
 CALLS: dict[str, int] = {}
@@ -42,6 +42,7 @@ for _name in ("cma_allreduce", "cma_reduce_scatter", "cma_reduce"):
     count_calls(_cma_collectives, _name)
 for _name in ("pipe_allreduce", "pipe_reduce_scatter", "pipe_reduce"):
     count_calls(_pipe, _name)
+count_calls(_shm_collectives, "_broadcast_pieces")
 
 DTYPES = ("int64", "int32", "float64", "float32", "uint8")
 
@@ -167,7 +168,14 @@ async def main(iterations: int, out_dir: Path) -> int:
                 await reductions(comm, i, dtype, count, op, inputs, checker, errors)
                 await copies(comm, i, dtype, count // n | 1, checker, errors)
             features = sorted(comm.features)
-    report = {"rank": rank, "errors": errors, "features": features, "calls": CALLS}
+            crowded = None if comm._world.shm is None else comm._world.shm.crowded
+    report = {
+        "rank": rank,
+        "errors": errors,
+        "features": features,
+        "calls": CALLS,
+        "crowded": crowded,
+    }
     (out_dir / f"rank{rank}.json").write_text(json.dumps(report))
     return 1 if errors else 0
 

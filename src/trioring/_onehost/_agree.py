@@ -103,7 +103,8 @@ async def agree_on_shm(
     worked everywhere (``setup #0``, offsets 2 and 3). With the segment go an eventfd per
     rank (up to WAKER_MAX_RANKS), through which peers wake its parked waits. Off without polling
     (TRIORING_SPIN_US=0, or a peer that can run only on this rank's one CPU), where every
-    wait would park."""
+    wait would park. Each rank's answer at offset 3 also says whether it shares its CPUs
+    with more ranks than there are of them (see :attr:`_shm.SharedSlots.crowded`)."""
     spec = OpSpec(Kind.SETUP, 0)
     offer = config.shm and config.spin_seconds > 0 and _shm.unavailable_reason() is None
     # The segment, then every rank's eventfd (see SharedSlots.wake_parked).
@@ -141,14 +142,17 @@ async def agree_on_shm(
         for fd in fds:
             os.close(fd)
     try:
-        verdict = memoryview(struct.pack("<Q", slots is not None))
+        crowded = cpus.oversubscribed(config.world_size)
+        verdict = memoryview(struct.pack("<Q", (slots is not None) | crowded << 1))
         for link in links.values():
             await link.send(spec, 3, verdict)
         agreed = slots is not None
         answer = bytearray(8)
         for link in links.values():
             await link.recv(spec, 3, memoryview(answer))
-            agreed = agreed and struct.unpack("<Q", answer)[0] == 1
+            (word,) = struct.unpack("<Q", answer)
+            agreed = agreed and word & 1 == 1
+            crowded = crowded or word & 2 == 2
     except BaseException:
         if slots is not None:
             slots.close()
@@ -156,6 +160,8 @@ async def agree_on_shm(
     if not agreed and slots is not None:
         slots.close()
         slots = None
+    if slots is not None:
+        slots.crowded = crowded
     return slots
 
 

@@ -46,7 +46,7 @@ import numpy as np
 import trio
 
 from .._util import ignore_fp_errors
-from ._shm import CONSUMED, LINE, PIPE_CHUNK_BYTES, PIPE_CHUNKS, PRODUCED
+from ._shm import CONSUMED, LINE, PIPE_CHUNK_BYTES, PRODUCED, broadcast_piece_bytes
 from ._shm_collectives import (
     shm_claim,
     shm_done,
@@ -88,10 +88,21 @@ class _Stream:
     """One call's walk through the ring: how many chunks it has laid out, who reads each,
     and whether this rank has checked every publication yet."""
 
-    def __init__(self, world: World, spec: OpSpec, *, agreed: bool = False) -> None:
+    def __init__(
+        self,
+        world: World,
+        spec: OpSpec,
+        *,
+        agreed: bool = False,
+        chunk_bytes: int = PIPE_CHUNK_BYTES,
+    ) -> None:
         slots = world.shm
         assert slots is not None
         self.world, self.spec, self.slots = world, spec, slots
+        #: The ring as this call cuts it: ``PIPE_CHUNKS * PIPE_CHUNK_BYTES // chunk_bytes``
+        #: places of ``chunk_bytes`` (a divisor of the ring's size, the same on every rank).
+        self.ring = slots.pipe.reshape(-1, chunk_bytes)
+        self.chunk_bytes = chunk_bytes
         self.base = spec.seq << _CHUNK_BITS
         #: The readers of every chunk laid out so far, by chunk index.
         self.readers: list[Sequence[int]] = []
@@ -118,32 +129,34 @@ class _Stream:
         rank, readers_of = world.rank, self.readers
         writes: list[tuple[int, np.ndarray]] = []
         reads: list[tuple[int, int, np.ndarray]] = []
+        chunk_bytes = self.chunk_bytes
         for writer, readers, nbytes, mine in transfers:
-            step = PIPE_CHUNK_BYTES // mine.itemsize if mine is not None else 0
-            for start in range(0, nbytes, PIPE_CHUNK_BYTES):
+            step = chunk_bytes // mine.itemsize if mine is not None else 0
+            for start in range(0, nbytes, chunk_bytes):
                 k = len(readers_of)
                 readers_of.append(readers)
                 if mine is None:
                     continue
-                offset = start // PIPE_CHUNK_BYTES * step
+                offset = start // chunk_bytes * step
                 piece = mine[offset : offset + min(step, (nbytes - start) // mine.itemsize)]
                 if rank == writer:
                     writes.append((k, piece))
                 else:
                     reads.append((k, writer * LINE // 8 + PRODUCED, piece))
-        ring, seqs, base, spec = slots.pipe, slots.seqs, self.base, self.spec
+        ring, seqs, base, spec = self.ring, slots.seqs, self.base, self.spec
+        places = ring.shape[0]
         own = slots.own_word
         written = read = 0
         while written < len(writes) or read < len(reads):
             late: list[int] = []
             if written < len(writes):
                 k, piece = writes[written]
-                needed = base + k - PIPE_CHUNKS + 1
-                if k >= PIPE_CHUNKS:
-                    late = [q * LINE // 8 + CONSUMED for q in readers_of[k - PIPE_CHUNKS]]
+                needed = base + k - places + 1
+                if k >= places:
+                    late = [q * LINE // 8 + CONSUMED for q in readers_of[k - places]]
                     late = [word for word in late if seqs[word] < needed]
                 if not late:
-                    ring[k % PIPE_CHUNKS, : piece.nbytes].view(piece.dtype)[...] = piece
+                    ring[k % places, : piece.nbytes].view(piece.dtype)[...] = piece
                     # After the chunk: a reader that sees the word sees the chunk (see _shm).
                     slots.store(own + PRODUCED, base + k + 1)
                     written += 1
@@ -153,7 +166,7 @@ class _Stream:
                 await self.agree()
                 j, produced, into = reads[read]
                 if seqs[produced] > base + j:
-                    chunk = ring[j % PIPE_CHUNKS, : into.nbytes].view(into.dtype)
+                    chunk = ring[j % places, : into.nbytes].view(into.dtype)
                     if reduce is None:
                         into[...] = chunk
                     else:
@@ -180,12 +193,14 @@ class _Stream:
             await trio.lowlevel.checkpoint_if_cancelled()
 
 
-async def _start(world: World, spec: OpSpec, nbytes: int) -> _Stream:
+async def _start(
+    world: World, spec: OpSpec, nbytes: int, chunk_bytes: int = PIPE_CHUNK_BYTES
+) -> _Stream:
     """Publish ``spec``'s call on the segment (its slot's payload: nothing) and start its
-    walk through the ring."""
+    walk through the ring, in chunks of ``chunk_bytes``."""
     await shm_claim(world, spec)
     shm_publish(world, spec, nbytes)
-    return _Stream(world, spec)
+    return _Stream(world, spec, chunk_bytes=chunk_bytes)
 
 
 async def _end(stream: _Stream, own: tuple[np.ndarray, np.ndarray] | None = None) -> None:
@@ -211,10 +226,14 @@ def _others(world: World, rank: int) -> tuple[int, ...]:
 
 async def pipe_broadcast(world: World, spec: OpSpec, flat: np.ndarray, root: int) -> None:
     """Broadcast root's ``flat`` through the pipe: the root copies it in chunk by chunk,
-    every other rank copies each chunk out into its ``flat`` as soon as it is there. Every
-    rank returns once every rank has copied all of it; a cancellation breaks the
-    communicator, as for any collective (every rank raises)."""
-    stream = await _start(world, spec, flat.nbytes)
+    every other rank copies each chunk out into its ``flat`` as soon as it is there, in
+    chunks of a quarter of it where no rank is crowded (see
+    _shm.BROADCAST_PIECE_MIN_BYTES). Every rank returns once every rank has copied all of
+    it; a cancellation breaks the communicator, as for any collective (every rank
+    raises)."""
+    assert world.shm is not None
+    chunk_bytes = broadcast_piece_bytes(flat.nbytes, crowded=world.shm.crowded)
+    stream = await _start(world, spec, flat.nbytes, chunk_bytes)
     await stream.run([(root, _others(world, root), flat.nbytes, flat)])
     await _end(stream)
 

@@ -56,6 +56,7 @@ import numpy as np
 import trio
 
 __all__ = [
+    "BROADCAST_PIECE_MIN_BYTES",
     "BROKEN",
     "CONSUMED",
     "FINISHED",
@@ -68,6 +69,7 @@ __all__ = [
     "SLOT_BYTES",
     "WAKER_MAX_RANKS",
     "SharedSlots",
+    "broadcast_piece_bytes",
     "create_segment",
     "create_wakers",
     "segment_bytes",
@@ -104,6 +106,24 @@ CONSUMED = 5
 #: only by the calls that use it, so a communicator that never does costs no memory for it.
 PIPE_CHUNK_BYTES = 1024 * 1024
 PIPE_CHUNKS = 4
+#: A broadcast's other ranks wait for the root's copy before they can copy anything: cut
+#: into pieces, each piece goes out while the root copies the next. Pieces of a quarter of
+#: the array (a power of two, from BROADCAST_PIECE_MIN_BYTES to PIPE_CHUNK_BYTES), and
+#: through the slots only from four pieces of the minimum. At world 2 (bench/paired.py,
+#: against Open MPI in the same ranks, two runs alternating with whole copies): 256 KiB
+#: through the slots 0.95-0.98 of Open MPI's time in pieces of 64 KiB against 1.00-1.09
+#: (192 KiB in three pieces: even; 128 KiB in two: even; 64 KiB in pieces of 16 or 32
+#: KiB: 1.30-1.37 against 1.17-1.21, each piece's word and wait cost more than the
+#: overlap gained); through the pipe 512 KiB 1.04-1.09 against 1.24-1.28 in 1 MiB chunks,
+#: 1 MiB 1.04-1.08 against 1.19-1.25, 4 MiB even (its 1 MiB chunks already are quarters).
+#: Only where no rank shares its CPUs with more ranks than it has (SharedSlots.crowded): at
+#: world 4 on 2 cores, where a reader may not run while the root copies, 256 KiB in pieces
+#: took 139-163 us against 127-132 whole, 1 MiB 491-538 against 455-483 (two runs each,
+#: alternating with the code before).
+#: The other collectives through the pipe keep 1 MiB chunks: at world 2 every rank writes
+#: and reads at once there, and 256 KiB chunks were even or slower (1 and 4 MiB allreduce,
+#: allgather, alltoall, reduce_scatter).
+BROADCAST_PIECE_MIN_BYTES = 64 * 1024
 #: Communicators of up to this many ranks give every rank an eventfd, through which peers
 #: wake its parked waits (see SharedSlots.wake_parked); larger ones park on the event
 #: loop's timer alone. The eventfds cost ``n`` descriptors per rank and communicator, as
@@ -112,6 +132,17 @@ PIPE_CHUNKS = 4
 #: 770 and with them would need 1400.
 WAKER_MAX_RANKS = 64
 _PAYLOAD_AT = LINE
+
+
+def broadcast_piece_bytes(nbytes: int, *, crowded: bool) -> int:
+    """The pieces a broadcast of ``nbytes`` is copied in (see BROADCAST_PIECE_MIN_BYTES),
+    where some rank is ``crowded`` (:attr:`SharedSlots.crowded`) the pipe's whole chunks:
+    a power of two, so that the pipe's ring holds a whole number of them; through the
+    slots, only more than three pieces are copied piece by piece."""
+    if crowded:
+        return PIPE_CHUNK_BYTES
+    quarter = 1 << max(0, (nbytes // 4).bit_length() - 1)
+    return min(PIPE_CHUNK_BYTES, max(BROADCAST_PIECE_MIN_BYTES, quarter))
 
 
 def segment_bytes(world_size: int) -> int:
@@ -214,6 +245,11 @@ class SharedSlots:
         #: against 52 us; at world 2 on 2 cores the schedule point first saved 3 us of 22
         #: in a 4-byte allreduce.
         self.oversubscribed = oversubscribed
+        #: Whether any rank of the communicator is :attr:`oversubscribed`: the same on every
+        #: rank, agreed when the segment is (see _agree.agree_on_shm). Then a broadcast
+        #: copies whole, not in pieces (see BROADCAST_PIECE_MIN_BYTES), since its readers
+        #: may not run while the root copies, and the choice must be every rank's.
+        self.crowded = True
         #: The last collective this rank published in each slot parity (0: none yet).
         self.last_used = [0, 0]
         slots_at = 2 * world_size * LINE

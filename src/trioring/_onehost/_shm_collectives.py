@@ -14,7 +14,14 @@ import trio
 from .._framing import SPIN_SLICE_SECONDS
 from .._util import ignore_fp_errors
 from .._wire import pack_data_header
-from ._shm import BROKEN, FINISHED
+from ._shm import (
+    BROADCAST_PIECE_MIN_BYTES,
+    BROKEN,
+    FINISHED,
+    LINE,
+    PRODUCED,
+    broadcast_piece_bytes,
+)
 
 if TYPE_CHECKING:
     from .._algorithms import World
@@ -70,6 +77,12 @@ _SPIN_ASK_SECONDS = 10e-6
 #: so a peer may store its word and read no park while this rank parks and reads the old
 #: word. That race is rare, and this bounds what it costs.
 _SHM_PARK_SECONDS = 0.001
+#: A piecewise broadcast's *produced* word holds the call's sequence number above this many
+#: bits of piece count, as the pipe's (_pipe._CHUNK_BITS), which shares the word.
+_PIECE_BITS = 24
+#: Through the slots, a broadcast of more than three pieces goes piece by piece (see
+#: _shm.BROADCAST_PIECE_MIN_BYTES): compared first, so that smaller ones pay one comparison.
+_PIECES_FROM_BYTES = 3 * BROADCAST_PIECE_MIN_BYTES
 
 
 async def shm_claim(world: World, spec: OpSpec) -> None:
@@ -366,11 +379,20 @@ async def shm_point(world: World, spec: OpSpec) -> None:
 async def shm_broadcast(world: World, spec: OpSpec, flat: np.ndarray, root: int) -> None:
     """:func:`broadcast` through the shared segment: the root publishes its array, every
     rank publishes the call (so ranks that disagree about ``root`` raise), and the others
-    copy the root's slot, taking their schedule point first (:func:`shm_point`)."""
+    copy the root's slot, taking their schedule point first (:func:`shm_point`). An array
+    of more than three pieces (see _shm.BROADCAST_PIECE_MIN_BYTES), where no rank shares
+    its CPUs with more ranks than it has (``crowded``), goes piece by piece:
+    the root publishes the call first, then copies piece after piece into its slot, its
+    *produced* word saying how many are there, and the others copy each piece out as it
+    comes, while the root copies the next."""
     slots = world.shm
     assert slots is not None
     rows = slots.rows(spec.seq & 1, flat.dtype, flat.shape[0])
     await shm_claim(world, spec)
+    if flat.nbytes > _PIECES_FROM_BYTES and not slots.crowded:
+        piece = broadcast_piece_bytes(flat.nbytes, crowded=False)
+        await _broadcast_pieces(world, spec, flat, root, rows[root], piece // flat.itemsize)
+        return
     if world.rank == root:
         rows[root] = flat
     shm_publish(world, spec, flat.nbytes)
@@ -379,6 +401,38 @@ async def shm_broadcast(world: World, spec: OpSpec, flat: np.ndarray, root: int)
     await shm_wait(world, spec, pointed=world.rank != root)
     if world.rank != root:
         flat[...] = rows[root]
+    shm_done(world, spec)
+
+
+async def _broadcast_pieces(
+    world: World, spec: OpSpec, flat: np.ndarray, root: int, slot: np.ndarray, step: int
+) -> None:
+    """:func:`shm_broadcast` of ``flat`` in pieces of ``step`` elements through the root's
+    ``slot``. The root's *produced* word holds ``seq << 24 | pieces copied in``, as the
+    pipe's does (a word left by an earlier call is always behind). The others check every
+    publication before they read a piece, as always; the root checks them after its
+    copies, and a root that gives up mid-copy leaves the others' wait for a piece to its
+    abort frame or closed connection, as any wait on the segment."""
+    slots = world.shm
+    assert slots is not None
+    shm_publish(world, spec, flat.nbytes)
+    base = spec.seq << _PIECE_BITS
+    if world.rank == root:
+        produced = slots.own_word + PRODUCED
+        for k, lo in enumerate(range(0, flat.shape[0], step), start=1):
+            slot[lo : lo + step] = flat[lo : lo + step]
+            slots.store(produced, base + k)
+        await shm_wait(world, spec)
+        shm_done(world, spec)
+        return
+    await shm_point(world, spec)
+    await shm_wait(world, spec, pointed=True)
+    seqs, word = slots.seqs, root * LINE // 8 + PRODUCED
+    for k, lo in enumerate(range(0, flat.shape[0], step), start=1):
+        if seqs[word] < base + k:
+            # The call's schedule point is behind it (shm_point), so this polls at once.
+            await _shm_poll(world, spec, [word], base + k, pointed=True)
+        flat[lo : lo + step] = slot[lo : lo + step]
     shm_done(world, spec)
 
 
