@@ -241,7 +241,7 @@ def _bare(message: str) -> str:
 
 
 def _check_cancelled(report: dict[str, Any], waited_for: str, name: str = "allreduce") -> str:
-    """The rank's deadline fired in ``name`` #2 (allreduce, or broadcast) while it waited
+    """The rank's deadline fired in ``name`` #2 (allreduce, broadcast or reduce) while it waited
     for ``waited_for`` (``"rank 2"``, ``"ranks 2 and 3"``): its one WARNING says so, and so
     do the note on what escaped the call and the next call's error. Returns the news its
     peers get."""
@@ -337,3 +337,18 @@ def test_a_broadcast_names_the_root_it_waited_for(worlds: Worlds) -> None:
     assert all("shm" in report["features"] for report in reports), reports
     news = _check_cancelled(reports[0], waited_for="rank 2", name="broadcast")
     _check_told(reports[1], 0, news, name="broadcast")
+
+
+@pytest.mark.skipif(not trioring.is_available("shm"), reason=f"no shm: {_shm.unavailable_reason()}")
+def test_a_reduce_root_names_the_rank_it_waited_for(worlds: Worlds) -> None:
+    """Rank 1 stays out of reduce #2, whose root, rank 0, has a deadline. The root takes
+    its schedule point right after its publication (``shm_point``, where it has a CPU of
+    its own, as at world 2 here), not as its wait's first look; it still says it waited
+    for rank 1, which is told when it comes."""
+    world = worlds.start(
+        SCRIPT, "deadline", world_size=2, mode="unix-dir", args=["0", "1", "reduce"]
+    )
+    reports = _finish(world)
+    assert all("shm" in report["features"] for report in reports), reports
+    news = _check_cancelled(reports[0], waited_for="rank 1", name="reduce")
+    _check_told(reports[1], 0, news, name="reduce")

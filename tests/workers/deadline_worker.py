@@ -1,11 +1,11 @@
 """Worker for ``test_deadlines.py``: one rank of a world in which a caller's deadline fires
 inside a collective. Run as ``deadline_worker.py deadline OUT_DIR INDEX DEADLINED ABSENT
 [COLLECTIVE]`` (see ``_worker_util``): ``DEADLINED`` and ``ABSENT`` are comma-separated
-ranks; ``COLLECTIVE`` is ``allreduce`` (the default) or ``broadcast`` (from the lowest
-absent rank).
+ranks; ``COLLECTIVE`` is ``allreduce`` (the default), ``broadcast`` (from the lowest
+absent rank) or ``reduce`` (to the lowest deadlined rank).
 
 Every rank allreduces 4 bytes once (``agreed``). Then the ranks in ``DEADLINED`` call the
-collective (step ``allreduce`` or ``broadcast``) under ``trio.fail_after(DEADLINE_S)``, the
+collective (the step is named after it) under ``trio.fail_after(DEADLINE_S)``, the
 other present ranks without a deadline of their own, while the ranks in ``ABSENT`` stay out
 until every present rank is done (they then enter and raise). Every rank then calls a
 barrier, on its broken communicator. The report holds every step's error, the notes of what
@@ -62,6 +62,8 @@ async def scenario_deadline(
     def call() -> Any:
         if name == "broadcast":
             return comm.broadcast(array, root=min(absent))
+        if name == "reduce":
+            return comm.reduce(array, root=min(deadlined))
         return comm.allreduce(array)
 
     if comm.rank in absent:

@@ -312,6 +312,7 @@ async def shm_exchange(
     *,
     write: bool = True,
     unread: tuple[int, int] | None = None,
+    point: bool = False,
 ) -> tuple[int, np.ndarray]:
     """Publish ``flat`` (at most a slot) as this rank's part of ``spec``'s call and wait for
     every peer's: the first half of every collective in which ranks write their slot.
@@ -319,7 +320,9 @@ async def shm_exchange(
     reads what it needs, then calls :func:`shm_done`. What no peer reads stays out of this
     rank's slot: all of ``flat`` with ``write`` False (a gather's or a reduce's root), its
     elements ``[lo, hi)`` with ``unread`` (a reduce_scatter's own block). The publication
-    still carries the call, and its size."""
+    still carries the call, and its size. ``point``: this rank waits for its peers' copies
+    whatever happens (a reduce's root, which writes nothing), so it takes the call's
+    schedule point right after its publication (:func:`shm_point`)."""
     slots = world.shm
     assert slots is not None
     parity = spec.seq & 1
@@ -334,7 +337,9 @@ async def shm_exchange(
     elif write:
         rows[world.rank] = flat
     shm_publish(world, spec, flat.nbytes)
-    await shm_wait(world, spec)
+    if point:
+        await shm_point(world, spec)
+    await shm_wait(world, spec, pointed=point)
     return parity, rows
 
 
@@ -593,9 +598,17 @@ async def shm_reduce(
     complex64 products, see :func:`_reduce_plan`); real and integer arithmetic rounds each
     element the same either way. At world 2 (``bench/paired.py``, runs alternating with the
     code before) 64 KiB took 21.9-22.8 us against 24.9-25.6 (two runs), 256 KiB 37.3-37.6
-    against 40.8-41.3 (two runs)."""
+    against 40.8-41.3 (two runs).
+
+    The root waits for its peers' copies whatever happens, so it takes its schedule point
+    right after its publication (:func:`shm_point`), while they copy: 64 KiB at world 2
+    then took 20.5-20.9 us against 21.8-22.0 (two runs alternating with the code before;
+    4 bytes and 256 KiB even). A gather's root, which waits the same way, measured 1 us
+    slower so (8 bytes and 64 KiB), and takes it as its wait's first look."""
     own = root if flat.dtype.kind != "c" else -1
-    parity, rows = await shm_exchange(world, spec, flat, write=world.rank != own)
+    parity, rows = await shm_exchange(
+        world, spec, flat, write=world.rank != own, point=world.rank == own
+    )
     if world.rank == root:
         key = (parity, flat.dtype, 0, flat.shape[0], own)
         _reduce_rows(world, key, rows, flat, reduce, divide, flat)
