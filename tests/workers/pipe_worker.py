@@ -47,7 +47,10 @@ def at_third_chunk(action: Any, collective: str) -> None:
 
         def counted_store(self: Any, word: int, value: int) -> None:
             store(self, word, value)
-            if word == self.own_word + _shm.PRODUCED and value & 0xFFFFFF == 3:
+            if (
+                word == self.own_word + _shm.PRODUCED
+                and value & ((1 << _shm.PROGRESS_BITS) - 1) == 3
+            ):
                 action()
 
         _shm.SharedSlots.store = counted_store  # type: ignore[method-assign]

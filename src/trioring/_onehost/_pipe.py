@@ -23,7 +23,7 @@ us). So 4 chunks of 1 MiB: 4 MiB per communicator.
 Control, on the lines of the segment (see _shm): the call's publication first (it checks
 the call's identity on every rank, as every collective on the segment does), then a
 writer's *produced* word holds one more than the last chunk it wrote, a reader's
-*consumed* word one more than the last chunk it read. Both hold ``seq << _CHUNK_BITS |
+*consumed* word one more than the last chunk it read. Both hold ``seq << PROGRESS_BITS |
 chunk``, so a word left from an earlier call is always behind the current one. A rank
 looks at the publications (:func:`shm_wait`) before it reads a chunk or waits for anyone,
 so a writer fills the free ring at once while the others arrive, and ranks that disagree
@@ -46,7 +46,14 @@ import numpy as np
 import trio
 
 from .._util import ignore_fp_errors
-from ._shm import CONSUMED, LINE, PIPE_CHUNK_BYTES, PRODUCED, broadcast_piece_bytes
+from ._shm import (
+    CONSUMED,
+    LINE,
+    PIPE_CHUNK_BYTES,
+    PRODUCED,
+    PROGRESS_BITS,
+    broadcast_piece_bytes,
+)
 from ._shm_collectives import (
     shm_claim,
     shm_done,
@@ -73,9 +80,6 @@ __all__ = [
     "pipe_scatter",
 ]
 
-#: The progress words hold the call's sequence number above this many bits of chunk index:
-#: 2**24 chunks of 1 MiB, 16 TiB in one call, and 2**40 calls.
-_CHUNK_BITS = 24
 #: How long a copy may hold the thread before other tasks get to run (as _cma_collectives).
 _SCHEDULE_EVERY_SECONDS = 0.001
 
@@ -103,7 +107,7 @@ class _Stream:
         #: places of ``chunk_bytes`` (a divisor of the ring's size, the same on every rank).
         self.ring = slots.pipe.reshape(-1, chunk_bytes)
         self.chunk_bytes = chunk_bytes
-        self.base = spec.seq << _CHUNK_BITS
+        self.base = spec.seq << PROGRESS_BITS
         #: The readers of every chunk laid out so far, by chunk index.
         self.readers: list[Sequence[int]] = []
         self.agreed = agreed

@@ -64,6 +64,7 @@ __all__ = [
     "PIPE_CHUNKS",
     "PIPE_CHUNK_BYTES",
     "PRODUCED",
+    "PROGRESS_BITS",
     "READY",
     "SHM_MAX_BYTES",
     "SLOT_BYTES",
@@ -101,6 +102,10 @@ READY = 3
 #: the pipe has got (see _pipe).
 PRODUCED = 4
 CONSUMED = 5
+#: The produced and consumed words hold the call's sequence number above this many bits of
+#: chunk (or piece) count, so that a word left from an earlier call is always behind: 2**24
+#: chunks of 1 MiB, 16 TiB in one call, and 2**40 calls.
+PROGRESS_BITS = 24
 #: The pipe: one ring of chunks per communicator, through which a large call's data
 #: streams (see _pipe for the measurements that chose its shape). Its pages are touched
 #: only by the calls that use it, so a communicator that never does costs no memory for it.
@@ -110,8 +115,8 @@ PIPE_CHUNKS = 4
 #: into pieces, each piece goes out while the root copies the next. Pieces of a quarter of
 #: the array (a power of two, from BROADCAST_PIECE_MIN_BYTES to PIPE_CHUNK_BYTES), and
 #: through the slots only from four pieces of the minimum. At world 2 (bench/paired.py,
-#: against Open MPI in the same ranks, two runs alternating with whole copies): 256 KiB
-#: through the slots 0.95-0.98 of Open MPI's time in pieces of 64 KiB against 1.00-1.09
+#: against Open MPI in the same ranks, runs alternating with whole copies): 256 KiB
+#: through the slots 0.95-0.99 of Open MPI's time in pieces of 64 KiB against 1.00-1.09
 #: (192 KiB in three pieces: even; 128 KiB in two: even; 64 KiB in pieces of 16 or 32
 #: KiB: 1.30-1.37 against 1.17-1.21, each piece's word and wait cost more than the
 #: overlap gained); through the pipe 512 KiB 1.04-1.09 against 1.24-1.28 in 1 MiB chunks,

@@ -20,6 +20,7 @@ from ._shm import (
     FINISHED,
     LINE,
     PRODUCED,
+    PROGRESS_BITS,
     broadcast_piece_bytes,
 )
 
@@ -77,9 +78,6 @@ _SPIN_ASK_SECONDS = 10e-6
 #: so a peer may store its word and read no park while this rank parks and reads the old
 #: word. That race is rare, and this bounds what it costs.
 _SHM_PARK_SECONDS = 0.001
-#: A piecewise broadcast's *produced* word holds the call's sequence number above this many
-#: bits of piece count, as the pipe's (_pipe._CHUNK_BITS), which shares the word.
-_PIECE_BITS = 24
 #: Through the slots, a broadcast of more than three pieces goes piece by piece (see
 #: _shm.BROADCAST_PIECE_MIN_BYTES): compared first, so that smaller ones pay one comparison.
 _PIECES_FROM_BYTES = 3 * BROADCAST_PIECE_MIN_BYTES
@@ -413,15 +411,15 @@ async def _broadcast_pieces(
     world: World, spec: OpSpec, flat: np.ndarray, root: int, slot: np.ndarray, step: int
 ) -> None:
     """:func:`shm_broadcast` of ``flat`` in pieces of ``step`` elements through the root's
-    ``slot``. The root's *produced* word holds ``seq << 24 | pieces copied in``, as the
-    pipe's does (a word left by an earlier call is always behind). The others check every
+    ``slot``. The root's *produced* word holds ``seq << PROGRESS_BITS | pieces copied
+    in``, as the pipe's does (a word left by an earlier call is always behind). The others check every
     publication before they read a piece, as always; the root checks them after its
     copies, and a root that gives up mid-copy leaves the others' wait for a piece to its
     abort frame or closed connection, as any wait on the segment."""
     slots = world.shm
     assert slots is not None
     shm_publish(world, spec, flat.nbytes)
-    base = spec.seq << _PIECE_BITS
+    base = spec.seq << PROGRESS_BITS
     if world.rank == root:
         produced = slots.own_word + PRODUCED
         for k, lo in enumerate(range(0, flat.shape[0], step), start=1):
