@@ -1,5 +1,12 @@
-"""Barrier, allreduce and broadcast through the shared segment between the ranks of one
-host."""
+"""Collectives through the shared segment's slots between the ranks of one host (see _shm):
+each rank writes its payload and the frame header of the call into its slot, then publishes
+the sequence number; every rank waits until all peers have published, checks that each
+peer's header names the same call (a mismatch raises as with sockets), and reads what it
+needs. No frame crosses a socket, so nothing needs a system call, and a wait ends as soon
+as the last peer's store lands. The connections stay open and watched: a peer that gives up
+sends its abort frame there, and one that dies closes them. Here: the publication and its
+waits, which _pipe, _copies and _cma_collectives use too; the barrier, the broadcast and
+the reductions (allreduce, reduce_scatter, reduce)."""
 
 from __future__ import annotations
 
@@ -46,16 +53,6 @@ __all__ = [
     "shm_wait",
 ]
 
-
-# -- shared memory -------------------------------------------------------------------------
-#
-# Small collectives between ranks on one host go through a shared segment (see _shm): each
-# rank writes its payload and the frame header of the call into its slot, then publishes the
-# sequence number; every rank waits until all peers have published, checks that each peer's
-# header names the same call (a mismatch raises as with sockets), and reads what it needs.
-# No frame crosses a socket, so nothing needs a system call, and a wait ends as soon as the
-# last peer's store lands. The connections stay open and watched: a peer that gives up sends
-# its abort frame there, and one that dies closes them.
 
 #: A wait on the segment polls (yielding the CPU between looks) at least this long before it
 #: parks: parked, it sleeps in the event loop until a peer's store wakes it through this
@@ -382,12 +379,8 @@ async def shm_point(world: World, spec: OpSpec) -> None:
 async def shm_broadcast(world: World, spec: OpSpec, flat: np.ndarray, root: int) -> None:
     """:func:`broadcast` through the shared segment: the root publishes its array, every
     rank publishes the call (so ranks that disagree about ``root`` raise), and the others
-    copy the root's slot, taking their schedule point first (:func:`shm_point`). An array
-    of more than three pieces (see _shm.BROADCAST_PIECE_MIN_BYTES), where no rank shares
-    its CPUs with more ranks than it has (``crowded``), goes piece by piece:
-    the root publishes the call first, then copies piece after piece into its slot, its
-    *produced* word saying how many are there, and the others copy each piece out as it
-    comes, while the root copies the next."""
+    copy the root's slot, taking their schedule point first (:func:`shm_point`); more than
+    three pieces, where no rank is ``crowded``, piece by piece (:func:`_broadcast_pieces`)."""
     slots = world.shm
     assert slots is not None
     rows = slots.rows(spec.seq & 1, flat.dtype, flat.shape[0])
@@ -411,11 +404,13 @@ async def _broadcast_pieces(
     world: World, spec: OpSpec, flat: np.ndarray, root: int, slot: np.ndarray, step: int
 ) -> None:
     """:func:`shm_broadcast` of ``flat`` in pieces of ``step`` elements through the root's
-    ``slot``. The root's *produced* word holds ``seq << PROGRESS_BITS | pieces copied
-    in``, as the pipe's does (a word left by an earlier call is always behind). The others check every
-    publication before they read a piece, as always; the root checks them after its
-    copies, and a root that gives up mid-copy leaves the others' wait for a piece to its
-    abort frame or closed connection, as any wait on the segment."""
+    ``slot`` (see _shm.BROADCAST_PIECE_MIN_BYTES): the root publishes the call first, then
+    copies piece after piece in, its *produced* word holding ``seq << PROGRESS_BITS |
+    pieces copied in`` as the pipe's does (a word left by an earlier call is always
+    behind), while the others copy each piece out as it comes. The others check every
+    publication before they read a piece, as always, the root after its copies; a root
+    that gives up mid-copy ends the others' wait for a piece by its abort frame or closed
+    connection, as any wait on the segment."""
     slots = world.shm
     assert slots is not None
     shm_publish(world, spec, flat.nbytes)
@@ -596,13 +591,10 @@ async def shm_reduce(
     complex64 products, see :func:`_reduce_plan`); real and integer arithmetic rounds each
     element the same either way. At world 2 (``bench/paired.py``, runs alternating with the
     code before) 64 KiB took 21.9-22.8 us against 24.9-25.6 (two runs), 256 KiB 37.3-37.6
-    against 40.8-41.3 (two runs).
-
-    The root waits for its peers' copies whatever happens, so it takes its schedule point
-    right after its publication (:func:`shm_point`), while they copy: 64 KiB at world 2
-    then took 20.5-20.9 us against 21.8-22.0 (two runs alternating with the code before;
-    4 bytes and 256 KiB even). A gather's root, which waits the same way, measured 1 us
-    slower so (8 bytes and 64 KiB), and takes it as its wait's first look."""
+    against 40.8-41.3 (two runs). The root, which waits for its peers' copies whatever
+    happens, takes its schedule point while they copy (:func:`shm_point`): 64 KiB at world
+    2 then took 20.5-20.9 us against 21.8-22.0 (4 bytes, 256 KiB even; a gather's root,
+    which waits the same way, measured 1 us slower so, and keeps its wait's first look)."""
     own = root if flat.dtype.kind != "c" else -1
     parity, rows = await shm_exchange(
         world, spec, flat, write=world.rank != own, point=world.rank == own
