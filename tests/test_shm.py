@@ -197,29 +197,6 @@ def test_close_from_another_task_ends_a_wait(worlds: Worlds) -> None:
     assert error["type"] == "CommunicatorClosedError", error
 
 
-def test_broadcast_pieces_are_quarters_of_powers_of_two() -> None:
-    """A broadcast is copied in pieces of a quarter of it, rounded down to a power of two
-    (so that the pipe's ring holds whole pieces), from 64 KiB to the pipe's 1 MiB chunks;
-    where some rank is crowded, in the pipe's chunks (through the slots: whole)."""
-    pieces = _shm.broadcast_piece_bytes
-    kib = 1024
-    for nbytes, expected in [
-        (0, 64 * kib),
-        (4, 64 * kib),
-        (192 * kib, 64 * kib),
-        (256 * kib, 64 * kib),
-        (600_004, 128 * kib),
-        (1024 * kib, 256 * kib),
-        (1024 * kib - 4, 128 * kib),
-        (3 * 1024 * kib, 512 * kib),
-        (4 * 1024 * kib, 1024 * kib),
-        (64 * 1024 * kib, 1024 * kib),
-    ]:
-        assert pieces(nbytes, crowded=False) == expected, nbytes
-        assert pieces(nbytes, crowded=True) == _shm.PIPE_CHUNK_BYTES, nbytes
-    assert (_shm.PIPE_CHUNKS * _shm.PIPE_CHUNK_BYTES) % _shm.BROADCAST_PIECE_MIN_BYTES == 0
-
-
 def test_a_segment_must_be_a_memfd(tmp_path: Path) -> None:
     """A descriptor from a peer is mapped only if it is a memfd (it has seals), never, say, a
     file that our writes would then land in."""

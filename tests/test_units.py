@@ -22,6 +22,7 @@ from trioring._communicator import DEFAULT_CHUNK_BYTES
 from trioring._concurrency import run_with_grace
 from trioring._config import Config, resolve
 from trioring._framing import Link
+from trioring._onehost import _shm
 from trioring._onehost._cpus import Cpus, spin_for
 from trioring._wire import HEADER, Kind, OpSpec
 from trioring.transports import (
@@ -553,3 +554,26 @@ def test_where_ranks_run_decides_polling_and_yielding(
     assert spin_for(config, cpus) == (5e-5 if polls else 0.0)
     # TRIORING_SPIN_US, where given, is used as it is.
     assert spin_for(attrs.evolve(config, spin_given=True), cpus) == 5e-5
+
+
+def test_broadcast_pieces_are_quarters_of_powers_of_two() -> None:
+    """A broadcast is copied in pieces of a quarter of it, rounded down to a power of two
+    (so that the pipe's ring holds whole pieces), from 64 KiB to the pipe's 1 MiB chunks;
+    where some rank is crowded, in the pipe's chunks (through the slots: whole)."""
+    pieces = _shm.broadcast_piece_bytes
+    kib = 1024
+    for nbytes, expected in [
+        (0, 64 * kib),
+        (4, 64 * kib),
+        (192 * kib, 64 * kib),
+        (256 * kib, 64 * kib),
+        (600_004, 128 * kib),
+        (1024 * kib, 256 * kib),
+        (1024 * kib - 4, 128 * kib),
+        (3 * 1024 * kib, 512 * kib),
+        (4 * 1024 * kib, 1024 * kib),
+        (64 * 1024 * kib, 1024 * kib),
+    ]:
+        assert pieces(nbytes, crowded=False) == expected, nbytes
+        assert pieces(nbytes, crowded=True) == _shm.PIPE_CHUNK_BYTES, nbytes
+    assert (_shm.PIPE_CHUNKS * _shm.PIPE_CHUNK_BYTES) % _shm.BROADCAST_PIECE_MIN_BYTES == 0

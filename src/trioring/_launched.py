@@ -169,16 +169,18 @@ def install() -> None:
     ) -> None:
         _ignore_sigterm()
         ranks = echoed_ranks(exc)
+        # A mismatch's calls go with either report (a relayed one: this rank's own call).
+        calls = mismatched_calls(exc)
         if ranks is None:
             report: dict[str, object] = {"error": error_line(exc)}
-            if calls := mismatched_calls(exc):
+            if calls:
                 report["calls"] = calls
             _tell_launcher(run_dir, ERROR_SUFFIX, report)
             previous(exc_type, exc, tb)
             return
         echo: dict[str, object] = {"echoes": sorted(ranks)}
-        if calls := mismatched_calls(exc):
-            echo["calls"] = calls  # a relayed mismatch: this rank's own call
+        if calls:
+            echo["calls"] = calls
         _tell_launcher(run_dir, ECHO_SUFFIX, echo)
         sys.stderr.write(echo_line(exc, ranks))
         sys.stderr.flush()
