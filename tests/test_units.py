@@ -22,8 +22,8 @@ from trioring._communicator import DEFAULT_CHUNK_BYTES
 from trioring._concurrency import run_with_grace
 from trioring._config import Config, resolve
 from trioring._framing import Link
-from trioring._onehost import _shm
-from trioring._onehost._cpus import Cpus, spin_for
+from trioring._onehost import _shm, _shm_collectives
+from trioring._onehost._cpus import Cpus, cpu_vendor, spin_for
 from trioring._wire import HEADER, Kind, OpSpec
 from trioring.transports import (
     MemoryTransport,
@@ -577,3 +577,12 @@ def test_broadcast_pieces_are_quarters_of_powers_of_two() -> None:
         assert pieces(nbytes, crowded=False) == expected, nbytes
         assert pieces(nbytes, crowded=True) == _shm.PIPE_CHUNK_BYTES, nbytes
     assert (_shm.PIPE_CHUNKS * _shm.PIPE_CHUNK_BYTES) % _shm.BROADCAST_PIECE_MIN_BYTES == 0
+
+
+@pytest.mark.parametrize("vendor", ["AuthenticAMD", "HygonGenuine", ""])
+def test_broadcasts_through_the_slots_take_pieces_on_intel_cpus_only(vendor: str) -> None:
+    """On Intel CPUs more than three pieces go piece by piece; elsewhere no slot holds more
+    than the limit, so the slots copy whole. This machine follows its vendor's rule."""
+    assert _shm.slot_pieces_from_bytes("GenuineIntel") == 3 * _shm.BROADCAST_PIECE_MIN_BYTES
+    assert _shm.slot_pieces_from_bytes(vendor) >= _shm.SHM_MAX_BYTES
+    assert _shm.slot_pieces_from_bytes(cpu_vendor()) == _shm_collectives._PIECES_FROM_BYTES

@@ -232,8 +232,8 @@ class Communicator(
         receives the data once and the root's data reaches everyone in ``ceil(log2 n)`` hops.
         Up to ``SHM_MAX_BYTES`` with a shared segment (``"shm"``), the root writes its
         array there and every rank its call's identity, and the others copy it once all
-        have (above 192 KiB, where every rank has a CPU of its own, piece by piece while
-        the root copies the next); larger arrays stream through the segment's pipe, chunk
+        have (above 192 KiB on Intel CPUs, where every rank has a CPU of its own, piece
+        by piece while the root copies the next); larger arrays stream through the segment's pipe, chunk
         by chunk, and every rank returns once all have copied the whole array. Without a
         segment, above
         ``CMA_MIN_BYTES`` with cross-memory attach (see :meth:`allreduce`), every rank

@@ -43,6 +43,7 @@ for _name in ("cma_allreduce", "cma_broadcast"):
 count_calls(_pipe, "pipe_broadcast")
 count_calls(_pipe, "pipe_allreduce")
 count_calls(_shm_collectives, "_broadcast_pieces")
+_worker_util.slot_pieces_on_any_cpu()
 #: The chunk sizes that calls through the pipe were cut into (a broadcast's depend on its
 #: size: see _shm.broadcast_piece_bytes).
 CHUNKS: set[int] = set()

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _worker_util
 import numpy as np
 import trio
 
@@ -72,9 +73,10 @@ def call(comm: trioring.Communicator, collective: str, root: int) -> Any:
     n, rank = comm.world_size, comm.rank
     if collective == "slot_broadcast":
         comm._force_algorithm("broadcast", "shm")
-        # In pieces, as where no rank is crowded (every rank sets it alike).
+        # In pieces, as where no rank is crowded (every rank sets it alike), on any CPU.
         assert comm._world.shm is not None
         comm._world.shm.crowded = False
+        _worker_util.slot_pieces_on_any_cpu()
         return comm.broadcast(np.full(_shm.SHM_MAX_BYTES // 4, float(rank), np.float32), root=root)
     comm._force_algorithm(collective, "pipe")
     x = np.full(ELEMENTS, float(rank), np.float32)

@@ -43,6 +43,7 @@ for _name in ("cma_allreduce", "cma_reduce_scatter", "cma_reduce"):
 for _name in ("pipe_allreduce", "pipe_reduce_scatter", "pipe_reduce"):
     count_calls(_pipe, _name)
 count_calls(_shm_collectives, "_broadcast_pieces")
+_worker_util.slot_pieces_on_any_cpu()
 
 DTYPES = ("int64", "int32", "float64", "float32", "uint8")
 

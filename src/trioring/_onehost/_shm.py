@@ -128,6 +128,14 @@ PIPE_CHUNKS = 4
 #: The other collectives through the pipe keep 1 MiB chunks: at world 2 every rank writes
 #: and reads at once there, and 256 KiB chunks were even or slower (1 and 4 MiB allreduce,
 #: allgather, alltoall, reduce_scatter).
+#: Those numbers are the Intel Xeon machine's. On the EPYC machine (2 AMD vCPUs, where
+#: every handoff between the cores costs several times more: a 4-byte allreduce took Open
+#: MPI 7.0 us there against 0.9) pieces through the slots were slower: 256 KiB at world 2
+#: took 1.74 of Open MPI's time whole (median of seven runs of ``bench/paired.py``, 7
+#: windows each, alternating; 1.64-2.37) against 2.35 in pieces (2.08-2.95), while the
+#: pipe's quarter chunks were even (1 MiB 1.84, 1.74-2.11, against 2.07, 1.65-2.56, in
+#: 1 MiB chunks; 512 KiB and 2 MiB within the spread). So the slots take pieces on Intel CPUs only (:func:`slot_pieces_from_bytes`,
+#: by vendor as the pipe's limits in _collectives._limits), the pipe everywhere.
 BROADCAST_PIECE_MIN_BYTES = 64 * 1024
 #: Communicators of up to this many ranks give every rank an eventfd, through which peers
 #: wake its parked waits (see SharedSlots.wake_parked); larger ones park on the event
@@ -148,6 +156,15 @@ def broadcast_piece_bytes(nbytes: int, *, crowded: bool) -> int:
         return PIPE_CHUNK_BYTES
     quarter = 1 << max(0, (nbytes // 4).bit_length() - 1)
     return min(PIPE_CHUNK_BYTES, max(BROADCAST_PIECE_MIN_BYTES, quarter))
+
+
+def slot_pieces_from_bytes(vendor: str) -> int:
+    """Through the slots, a broadcast of more than this many bytes is copied piece by piece
+    where no rank is crowded, on a CPU of ``vendor`` (``vendor_id`` in /proc/cpuinfo): from
+    four pieces of the minimum on Intel CPUs, never elsewhere (see
+    BROADCAST_PIECE_MIN_BYTES). Every rank with a segment runs on one host, so all read the
+    same vendor and copy alike."""
+    return 3 * BROADCAST_PIECE_MIN_BYTES if vendor == "GenuineIntel" else SHM_MAX_BYTES
 
 
 def segment_bytes(world_size: int) -> int:

@@ -21,14 +21,15 @@ import trio
 from .._framing import SPIN_SLICE_SECONDS
 from .._util import ignore_fp_errors
 from .._wire import pack_data_header
+from ._cpus import cpu_vendor
 from ._shm import (
-    BROADCAST_PIECE_MIN_BYTES,
     BROKEN,
     FINISHED,
     LINE,
     PRODUCED,
     PROGRESS_BITS,
     broadcast_piece_bytes,
+    slot_pieces_from_bytes,
 )
 
 if TYPE_CHECKING:
@@ -75,9 +76,10 @@ _SPIN_ASK_SECONDS = 10e-6
 #: so a peer may store its word and read no park while this rank parks and reads the old
 #: word. That race is rare, and this bounds what it costs.
 _SHM_PARK_SECONDS = 0.001
-#: Through the slots, a broadcast of more than three pieces goes piece by piece (see
-#: _shm.BROADCAST_PIECE_MIN_BYTES): compared first, so that smaller ones pay one comparison.
-_PIECES_FROM_BYTES = 3 * BROADCAST_PIECE_MIN_BYTES
+#: Through the slots, a broadcast of more bytes goes piece by piece where no rank is crowded
+#: (on this machine's CPUs: see _shm.slot_pieces_from_bytes): compared first, so that
+#: smaller ones pay one comparison.
+_PIECES_FROM_BYTES = slot_pieces_from_bytes(cpu_vendor())
 
 
 async def shm_claim(world: World, spec: OpSpec) -> None:
@@ -380,7 +382,8 @@ async def shm_broadcast(world: World, spec: OpSpec, flat: np.ndarray, root: int)
     """:func:`broadcast` through the shared segment: the root publishes its array, every
     rank publishes the call (so ranks that disagree about ``root`` raise), and the others
     copy the root's slot, taking their schedule point first (:func:`shm_point`); more than
-    three pieces, where no rank is ``crowded``, piece by piece (:func:`_broadcast_pieces`)."""
+    three pieces, where no rank is ``crowded`` and the CPU takes pieces
+    (:func:`~._shm.slot_pieces_from_bytes`), piece by piece (:func:`_broadcast_pieces`)."""
     slots = world.shm
     assert slots is not None
     rows = slots.rows(spec.seq & 1, flat.dtype, flat.shape[0])
