@@ -214,6 +214,21 @@ SMALL_POW2_ALLGATHER_BYTES = 64 * 1024 * 1024
 # 2 MiB) on Intel CPUs, the EPYC machine's (above 4 MiB) on every other. One machine of
 # each was measured; force the algorithm (TRIORING_ALGORITHM) where another differs.
 #
+# A second AMD machine did (2026-12-06, a later session): 2 vCPUs of an AMD EPYC of
+# family 23 model 1, slower throughout than the first EPYC machine (a 4 MiB allreduce at
+# world 2 took 2.3-3.1 ms where that one took 0.55-0.77). There cma won every reduction at
+# 4 MiB (thresholds.py --each, 5 rounds, pipe / cma, us): allreduce w2 1 MiB 675 / 663,
+# 2 MiB 1386 / 1227, 4 MiB 3097 / 2299, 8 MiB 5598 / 4113; w4 1 MiB 3802 / 3482, 2 MiB
+# 6557 / 5685, 4 MiB 11658 / 9484; reduce_scatter w2 1 MiB 557 / 596, 2 MiB 946 / 969,
+# 4 MiB 1904 / 1651; reduce w2 1 MiB 484 / 685, 2 MiB 1337 / 1366, 4 MiB 2635 / 2334. Its
+# cores handed 1 MiB through a shared mapping in 340-596 us against 319-453 by
+# process_vm_readv (bench/modes.py --reads), as the first machine did only in its slow
+# stretches. So the vendor stands in for how the host places and connects the two vCPUs,
+# and two AMD machines differed. The limits stay (the first machine's measurements are the
+# larger set); on a machine like the second, a program whose large reductions matter can
+# force cma's way (TRIORING_ALGORITHM=allreduce=cma, and the same for reduce_scatter and
+# reduce: at every size, so only where its small calls do not matter).
+#
 # Then (2026-12-05, a third session on the Intel machine) the copies: alltoall went through
 # the pipe from world 3 at every size, and allgather from world 3 up to 8 MiB, from the
 # EPYC machine's numbers above. On the Intel machine cross-memory attach won every
