@@ -38,6 +38,7 @@ import time
 from pathlib import Path
 from statistics import median
 
+from _machine import describe, machine
 from _mpirun import loopback_args
 
 HERE = Path(__file__).parent
@@ -333,7 +334,7 @@ def main() -> None:
     summary = (
         f"world {args.n}, trioring over {args.transport}; {'; '.join(versions) or 'no peers'}; "
         f"medians of {args.rounds} alternating rounds, trioring's min-max over rounds; {note}; "
-        f"Unix socket limit here: {limit:.2f} GB/s"
+        f"Unix socket limit here: {limit:.2f} GB/s; on {describe(machine())}"
     )
     print(summary + "\n" if args.markdown else "# " + summary)
     print_table(table, peers, args.markdown)
@@ -345,6 +346,7 @@ def main() -> None:
                     "back_to_back": args.back_to_back,
                     "peers": peers,
                     "mpi_library": library or None,
+                    "machine": machine(),
                     "cells": table,
                 },
                 indent=1,

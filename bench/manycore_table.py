@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from _machine import describe
 from plot import MPI_TARGETS, find_cell, load_paired
 
 from trioring._bench import format_size
@@ -24,7 +25,12 @@ RESULTS = Path(__file__).parent / "results"
 
 
 def main() -> None:
-    library = json.loads((RESULTS / "cores16" / "paired_w4.json").read_text())["library"]
+    there_w4 = json.loads((RESULTS / "cores16" / "paired_w4.json").read_text())
+    library = there_w4["library"]
+    here_w2 = json.loads((RESULTS / "paired_w2.json").read_text())
+    for label, report in (("2 vCPUs", here_w2), ("16 cores", there_w4)):
+        if line := describe(report.get("machine")):
+            print(f"{label}: {line}.\n")
     print(
         "| case | target (time / MPI shm's) | 2 vCPUs: trioring (us), ratio | "
         f"16 cores: trioring (us), ratio ({library}) | 16 cores: floor + Trio, ratio |"

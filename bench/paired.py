@@ -52,6 +52,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from _machine import describe, machine
 from _mpirun import loopback_args
 
 from trioring._bench import format_size, parse_sizes
@@ -226,11 +227,13 @@ def main() -> None:
         raise SystemExit(f"paired: the ranks failed ({done.returncode}):\n{done.stderr[-4000:]}")
     report: dict[str, Any] = json.loads(lines[0].split(" ", 1)[1])
     report["command"] = " ".join(["bench/paired.py", *sys.argv[1:]])
+    report["machine"] = machine()
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1))
     print(
         f"world {args.n}, trioring ({', '.join(report['features'])}) and {report['library']} "
-        f"(vader) in the same ranks; {args.windows} windows per cell"
+        f"(vader) in the same ranks; {args.windows} windows per cell; on "
+        f"{describe(report['machine'])}"
     )
     header = (
         "| collective | size | trioring (us) | MPI shm (us) | ratio, median of windows | range "

@@ -31,6 +31,8 @@ ROOT = Path(__file__).parent.parent
 OUT = ROOT / "docs" / "performance"
 TABLES = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT / "src"))
+from _machine import describe  # noqa: E402
+
 from trioring._bench import format_size  # noqa: E402
 from trioring._bench_cases import CASES  # noqa: E402
 
@@ -356,6 +358,16 @@ def budget(path: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def measured_on(paths: list[Path]) -> str:
+    """A line naming the machine the first of ``paths`` that records one ran on (compare.py
+    and paired.py write it), ending in a blank line; "" if none does."""
+    for path in paths:
+        line = describe(json.loads(path.read_text()).get("machine"))
+        if line:
+            return f"Measured on {line}.\n\n"
+    return ""
+
+
 def main() -> None:
     global OUT, TABLES
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -375,11 +387,14 @@ def main() -> None:
     plot_busbw(plotted)
     plot_ratio(plotted)
     TABLES.mkdir(parents=True, exist_ok=True)
-    (TABLES / "results.md").write_text(table(cells))
+    heading = measured_on([Path(path) for path in args.json])
+    (TABLES / "results.md").write_text(heading + table(cells))
     floor_json = TABLES / "floor.json"
     floor = json.loads(floor_json.read_text()) if floor_json.exists() else None
-    paired = load_paired(sorted(TABLES.glob("paired_w*.json")))
-    (TABLES / "targets.md").write_text(targets(cells, floor, paired))
+    paired_json = sorted(TABLES.glob("paired_w*.json"))
+    paired = load_paired(paired_json)
+    heading = measured_on(paired_json) or heading
+    (TABLES / "targets.md").write_text(heading + targets(cells, floor, paired))
     budget_json = args.budget or TABLES / "budget.json"
     if budget_json.exists():
         (TABLES / "budget.md").write_text(budget(budget_json))
