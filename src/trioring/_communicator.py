@@ -233,11 +233,11 @@ class Communicator(
         Up to ``SHM_MAX_BYTES`` with a shared segment (``"shm"``), the root writes its
         array there and every rank its call's identity, and the others copy it once all
         have (above 192 KiB on Intel CPUs, where every rank has a CPU of its own, piece
-        by piece while the root copies the next); larger arrays stream through the segment's pipe, chunk
-        by chunk, and every rank returns once all have copied the whole array. Without a
-        segment, above
-        ``CMA_MIN_BYTES`` with cross-memory attach (see :meth:`allreduce`), every rank
-        copies the root's array directly instead, and the root returns once all have.
+        by piece while the root copies the next); larger arrays stream through the
+        segment's pipe, chunk by chunk, and every rank returns once all have copied the
+        whole array. Without a segment, above ``CMA_MIN_BYTES`` with cross-memory attach
+        (see :meth:`allreduce`), every rank copies the root's array directly instead, and
+        the root returns once all have.
 
         Raises:
             InvalidArgumentError: bad array or ``root`` not in ``range(world_size)``.

@@ -128,14 +128,16 @@ PIPE_CHUNKS = 4
 #: The other collectives through the pipe keep 1 MiB chunks: at world 2 every rank writes
 #: and reads at once there, and 256 KiB chunks were even or slower (1 and 4 MiB allreduce,
 #: allgather, alltoall, reduce_scatter).
-#: Those numbers are the Intel Xeon machine's. On the EPYC machine (2 AMD vCPUs, where
-#: every handoff between the cores costs several times more: a 4-byte allreduce took Open
-#: MPI 7.0 us there against 0.9) pieces through the slots were slower: 256 KiB at world 2
-#: took 1.74 of Open MPI's time whole (median of seven runs of ``bench/paired.py``, 7
-#: windows each, alternating; 1.64-2.37) against 2.35 in pieces (2.08-2.95), while the
-#: pipe's quarter chunks were even (1 MiB 1.84, 1.74-2.11, against 2.07, 1.65-2.56, in
-#: 1 MiB chunks; 512 KiB and 2 MiB within the spread). So the slots take pieces on Intel CPUs only (:func:`slot_pieces_from_bytes`,
-#: by vendor as the pipe's limits in _collectives._limits), the pipe everywhere.
+#: Those numbers are the Intel Xeon machine's. On the second AMD EPYC machine (2 vCPUs,
+#: family 23 model 1, see _collectives._limits; every handoff between its cores costs
+#: several times more: a 4-byte allreduce took Open MPI 3.8-7.0 us there against 0.9)
+#: pieces through the slots were slower: 256 KiB at world 2 took 1.74 of Open MPI's time
+#: whole (median of seven runs of ``bench/paired.py``, 7 windows each, alternating;
+#: 1.64-2.37) against 2.35 in pieces (2.08-2.95), while the pipe's quarter chunks were even
+#: (1 MiB 1.84, 1.74-2.11, against 2.07, 1.65-2.56, in 1 MiB chunks; 512 KiB and 2 MiB
+#: within the spread). So the slots take pieces on Intel CPUs only
+#: (:func:`slot_pieces_from_bytes`, by vendor as the pipe's limits in
+#: _collectives._limits), the pipe everywhere.
 BROADCAST_PIECE_MIN_BYTES = 64 * 1024
 #: Communicators of up to this many ranks give every rank an eventfd, through which peers
 #: wake its parked waits (see SharedSlots.wake_parked); larger ones park on the event
