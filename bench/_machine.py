@@ -5,7 +5,9 @@ two 2-vCPU virtual machines of this project, one Intel Xeon and one AMD EPYC, th
 took 1.2 and 2.2-3.5 times Open MPI's time for a 64 KiB broadcast at world 2 (``bench/paired.py``),
 and two AMD EPYC machines chose opposite algorithms at 4 MiB (see
 src/trioring/_collectives/_limits.py). So every results file says which machine it came
-from, and the tables print it. Imports nothing of trioring's, as ``_harness.py``."""
+from, and the tables print it. It reads /proc/cpuinfo itself: trioring's
+``_onehost._cpus.cpu_vendor`` gives the vendor alone, and this file, like ``_harness.py``,
+imports nothing of trioring's, so that it describes the machine the same for every peer."""
 
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ and 14-36.
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import TYPE_CHECKING, final
 
@@ -90,10 +91,12 @@ def spin_for(config: Config, cpus: Cpus) -> float:
     return 0.0
 
 
+@functools.cache
 def cpu_vendor() -> str:
     """The CPU's vendor as the kernel names it (``vendor_id`` in /proc/cpuinfo:
     ``GenuineIntel``, ``AuthenticAMD``), or "" where it names none. The same for every
-    process on a host, so every rank of a one-host communicator reads the same."""
+    process on a host, so every rank of a one-host communicator reads the same; read once
+    per process (the pipe's limits and the slots' pieces both go by it)."""
     try:
         with open("/proc/cpuinfo", encoding="ascii", errors="replace") as info:
             for line in info:
