@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import textwrap
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -186,3 +187,38 @@ def run_killed(
         for rank in range(n)
         if rank != victim
     }
+
+
+#: Bound on one `trioring run` of run_launcher (its ranks import numpy and trio, on a busy
+#: machine).
+LAUNCHER_DEADLINE_S = 45.0
+
+
+def run_launcher(
+    cwd: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``python -m trioring run ARGS`` to completion, killed with every rank if it takes
+    longer than LAUNCHER_DEADLINE_S."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "trioring", "run", *args],
+        cwd=cwd,
+        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=LAUNCHER_DEADLINE_S)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+            process.communicate()
+    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+
+
+def write_script(tmp_path: Path, source: str) -> Path:
+    script = tmp_path / "rank.py"
+    script.write_text(textwrap.dedent(source))
+    return script

@@ -19,10 +19,8 @@ import asyncio
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
-import textwrap
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -31,6 +29,7 @@ import pytest
 import trio
 
 import trioring
+from launched import LAUNCHER_DEADLINE_S, run_launcher, write_script
 from trioring._concurrency import first_leaf
 from trioring._errors import (
     CollectiveMismatchError,
@@ -46,38 +45,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
 
-#: Bound on one launcher run (its ranks import numpy and trio, on a busy machine).
-DEADLINE_S = 45.0
-
-
-def run_launcher(
-    cwd: Path, *args: str, env: dict[str, str] | None = None
-) -> subprocess.CompletedProcess[str]:
-    """``python -m trioring run ARGS`` to completion, killed with every rank if it takes
-    longer than DEADLINE_S."""
-    process = subprocess.Popen(
-        [sys.executable, "-m", "trioring", "run", *args],
-        cwd=cwd,
-        env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})},
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        stdout, stderr = process.communicate(timeout=DEADLINE_S)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.communicate()
-    return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
-
-
-def write_script(tmp_path: Path, source: str) -> Path:
-    script = tmp_path / "rank.py"
-    script.write_text(textwrap.dedent(source))
-    return script
+#: Bound on one launcher run (see launched.run_launcher).
+DEADLINE_S = LAUNCHER_DEADLINE_S
 
 
 # -- 4. `import trioring` is enough for trioring.testing -------------------------------------

@@ -11,7 +11,7 @@ import enum
 import functools
 import hashlib
 import logging
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 import trio
@@ -138,7 +138,7 @@ class CommunicatorCore:
     async def _execute(
         self,
         kind: Kind,
-        plan: Callable[[], tuple[_R, Callable[[OpSpec], Awaitable[None]], Mapping[str, int]]],
+        plan: Callable[[], tuple[_R, Callable[[OpSpec], Awaitable[None]], Mapping[str, Any]]],
     ) -> _R:
         """Run the call that ``plan`` prepares: a planner checks the arguments (raising
         Refused, which becomes an InvalidArgumentError before any I/O) and returns (the
@@ -275,13 +275,14 @@ class CommunicatorCore:
         count: int = 0,
         op_code: int = 0,
         root: int = NO_ROOT,
+        trailing: tuple[int, ...] | None = None,
     ) -> None:
         self._check_usable(kind)
         # An already-cancelled caller gets Cancelled here, before any I/O, so the communicator
         # stays usable.
         await trio.lowlevel.checkpoint_if_cancelled()
         self._seq += 1
-        spec = OpSpec(kind, self._seq, dtype_code, count, op_code, root)
+        spec = OpSpec(kind, self._seq, dtype_code, count, op_code, root, trailing)
         self._running = spec
         waits = self._waits.count
         try:

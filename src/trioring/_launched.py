@@ -97,6 +97,23 @@ def mismatched_calls(exc: BaseException) -> dict[str, str]:
     return calls
 
 
+def note_calls(
+    calls: dict[int, str], self_named: set[int], rank: int, named: Mapping[int, str]
+) -> None:
+    """Add to ``calls`` (rank -> its call) those that ``rank`` exited naming. Its own is
+    the one it made, and replaces what a peer said of it; a peer's call it saw only in
+    that peer's frames, where an uneven call (allgatherv, gatherv, alltoallv) carries its
+    number of dimensions but not its shape: in those other words the same call would not
+    group with the calls that the others named themselves (see :func:`odd_calls`).
+    ``self_named``: the ranks whose own word is in ``calls``."""
+    for peer, call in named.items():
+        if peer != rank and peer not in self_named:
+            calls[peer] = call
+    if rank in named:
+        calls[rank] = named[rank]
+        self_named.add(rank)
+
+
 def odd_calls(calls: Mapping[int, str]) -> str | None:
     """Whose call differs from the others', from every side of the mismatches the ranks
     reported (``calls``: rank -> its call): the ranks outside the one call that more ranks

@@ -56,7 +56,14 @@ from typing import TYPE_CHECKING, Literal, TextIO, final
 import attrs
 import trio
 
-from ._launched import ECHO_SUFFIX, ERROR_SUFFIX, RUN_DIR_VARIABLE, odd_calls, read_calls
+from ._launched import (
+    ECHO_SUFFIX,
+    ERROR_SUFFIX,
+    RUN_DIR_VARIABLE,
+    note_calls,
+    odd_calls,
+    read_calls,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
@@ -325,8 +332,10 @@ class _Supervisor:
     pending_echo: tuple[int, int] | None = None
     # rank -> its uncaught error in one line, for every rank that exited non-zero on one.
     errors: dict[int, str] = attrs.Factory(dict)
-    # rank -> its call, from every side of the mismatches that ranks exited on.
+    # rank -> its call, from every side of the mismatches that ranks exited on, and the
+    # ranks that named their own (see note_calls).
     calls: dict[int, str] = attrs.Factory(dict)
+    self_named: set[int] = attrs.Factory(set)
 
     @property
     def stopping(self) -> bool:
@@ -360,7 +369,7 @@ class _Supervisor:
             if error is not None:
                 self.errors[rank] = error
         if returncode != 0 and self.run_dir is not None:
-            self.calls.update(read_calls(self.run_dir, process.pid))
+            note_calls(self.calls, self.self_named, rank, read_calls(self.run_dir, process.pid))
         if returncode == 0 or self.stopping:
             self._settle_pending(nursery)
             return

@@ -109,6 +109,11 @@ OP_NAMES: tuple[str, ...] = ("sum", "mean", "min", "max", "prod", "band", "bor",
 #: The kinds whose frames carry a reduce op, and those whose frames carry a root.
 _WITH_OP = frozenset(("allreduce", "reduce_scatter", "reduce", "scan", "exscan"))
 _WITH_ROOT = frozenset(("broadcast", "reduce", "gather", "gatherv", "scatter", "scatterv"))
+#: numpy's limit on an array's dimensions.
+MAX_NDIM = 64
+#: The uneven calls whose first frames carry, as their count, the length of the vector of
+#: counts they exchange: their arrays' number of dimensions plus this.
+_COUNT_OVER_NDIM = {Kind.ALLGATHERV: 1, Kind.GATHERV: 1, Kind.ALLTOALLV: 0}
 
 
 class OpSpec(NamedTuple):
@@ -126,9 +131,18 @@ class OpSpec(NamedTuple):
     count: int = 0  # type: ignore[assignment]  # shadows tuple.count, which nothing here uses
     op_code: int = 0
     root: int = NO_ROOT
+    #: Not on the wire: for the uneven calls whose rows differ by rank (allgatherv, gatherv,
+    #: alltoallv), the shape of their arrays after the rows, so that a rank names its own
+    #: call as ``allgatherv float32[rows, 3] #4`` (see :meth:`describe`).
+    trailing: tuple[int, ...] | None = None
 
-    def describe(self) -> str:
-        """``allreduce(sum) float32[1000] #17``, ``broadcast(root=0) ...``, ``barrier #3``."""
+    def describe(self, rows: int | None = None) -> str:
+        """``allreduce(sum) float32[1000] #17``, ``broadcast(root=0) ...``, ``barrier #3``;
+        an uneven call as ``allgatherv float32[rows, 3] #4`` (its rows may differ by
+        rank; ``float32[2, 3]`` given ``rows``), or, from a peer's frame, where only the
+        number of dimensions travels (the count of those calls' first frames, whose
+        identity the ranks compare; the frames of their data, which follow from counts
+        every rank agreed, carry totals), ``allgatherv float32[rows, *] #4``."""
         if self.kind is Kind.BARRIER and not self.dtype_code:
             return f"barrier #{self.seq}"
         label = self.kind.label
@@ -149,6 +163,14 @@ class OpSpec(NamedTuple):
             dtype = DTYPES[self.dtype_code - 1].name
         else:
             dtype = f"dtype#{self.dtype_code}"
+        if self.trailing is not None:
+            first = "rows" if rows is None else str(rows)
+            return f"{head} {dtype}[{', '.join([first, *map(str, self.trailing)])}] #{self.seq}"
+        if (extra := _COUNT_OVER_NDIM.get(self.kind)) is not None and (
+            0 < self.count - extra <= MAX_NDIM
+        ):
+            dims = ", ".join(["rows"] + ["*"] * (self.count - extra - 1))
+            return f"{head} {dtype}[{dims}] #{self.seq}"
         return f"{head} {dtype}[{self.count}] #{self.seq}"
 
 

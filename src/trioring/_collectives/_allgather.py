@@ -87,7 +87,11 @@ def plan_allgatherv(
         raise Refused(why)
     parts: list[np.ndarray[Any, Any]] = []
     run = body_v(forced, world, flat, rows, trailing, gathered, parts)
-    identity = {"dtype_code": DTYPE_CODES[flat.dtype], "count": len(trailing) + 2}
+    identity = {
+        "dtype_code": DTYPE_CODES[flat.dtype],
+        "count": len(trailing) + 2,
+        "trailing": trailing,
+    }
     return parts, run, identity
 
 

@@ -176,7 +176,11 @@ def plan_alltoallv(
     assert forced in (None, "pairwise"), forced  # "shm" is not forceable (see _decision)
     parts: list[np.ndarray[Any, Any]] = []
     body = _body_v(world, forced, flats, rows, trailing, out_flat, parts, problems)
-    identity = {"dtype_code": DTYPE_CODES[flats[0].dtype], "count": len(trailing) + 1}
+    identity = {
+        "dtype_code": DTYPE_CODES[flats[0].dtype],
+        "count": len(trailing) + 1,
+        "trailing": trailing,
+    }
     return parts, body, identity
 
 
@@ -230,7 +234,7 @@ def _body_v(
         if n > 1:
             vectors = np.empty((n, m), dtype=np.int64)
             await _algorithms.bruck_alltoall(world, spec, mine.reshape(-1), vectors.reshape(-1), m)
-            incoming = _checked_incoming(world, spec, vectors.tolist(), dtype, trailing)
+            incoming = _checked_incoming(world, spec, vectors.tolist(), trailing)
         _, recvs = received_for(incoming)
         await _algorithms.pairwise_alltoall(world, spec, flats, recvs)
 
@@ -238,7 +242,7 @@ def _body_v(
         slots = await _copies.shm_post(world, spec, mine.reshape(-1), payload)
         # Every rank's counts: [sender, destination] = [rows, *trailing].
         states = _copies.posted_states(world, spec, n * m).reshape(n, n, m)
-        incoming = _checked_incoming(world, spec, states[:, r].tolist(), dtype, trailing)
+        incoming = _checked_incoming(world, spec, states[:, r].tolist(), trailing)
         _, recvs = received_for(incoming)
         # What each rank sends to each, in bytes; a rank's blocks for the others are in its
         # slot if they fit there.
@@ -264,7 +268,6 @@ def _checked_incoming(
     world: World,
     spec: OpSpec,
     vectors: list[list[int]],
-    dtype: np.dtype[Any],
     trailing: tuple[int, ...],
 ) -> list[int]:
     """The rows every rank sends to this one, from the ``[rows, *trailing]`` each sent it,
@@ -273,13 +276,9 @@ def _checked_incoming(
         if peer_rows < 0 or min(peer_trailing, default=0) < 0:
             raise impossible_counts(world, spec, peer, np.array(vectors[peer]))
         if tuple(peer_trailing) != trailing:
-            raise mismatch(
-                world,
-                spec,
-                peer,
-                f"{describe(spec, dtype, None, trailing)}, rank {peer}: "
-                f"{describe(spec, dtype, None, tuple(peer_trailing))}",
-            )
+            mine, theirs = describe(spec, trailing), describe(spec, tuple(peer_trailing))
+            calls = {world.rank: mine, peer: theirs}
+            raise mismatch(world, spec, peer, f"{mine}, rank {peer}: {theirs}", calls)
     return [vector[0] for vector in vectors]
 
 

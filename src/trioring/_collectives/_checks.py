@@ -22,8 +22,9 @@ if TYPE_CHECKING:
     Body: TypeAlias = Callable[[OpSpec], Awaitable[None]]
     #: What a family's planner gives the Communicator (``CommunicatorCore._execute``): the
     #: result to return, the body, and the fields of the call's identity beyond its kind
-    #: (``dtype_code``, ``count``, ``op_code``, ``root``) that every frame carries.
-    Plan: TypeAlias = tuple[_R, Body, dict[str, int]]
+    #: (``dtype_code``, ``count``, ``op_code``, ``root``) that every frame carries, and
+    #: the uneven calls' ``trailing`` shape, which names the call in errors (see OpSpec).
+    Plan: TypeAlias = tuple[_R, Body, dict[str, Any]]
 
 __all__ = ["Refused", "agree", "check_array", "check_out", "check_root"]
 

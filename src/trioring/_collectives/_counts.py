@@ -5,10 +5,9 @@ of allgatherv's and gatherv's vectors."""
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from .._errors import CollectiveMismatchError, ProtocolError
-from .._wire import DTYPES
 
 if TYPE_CHECKING:
     import numpy as np
@@ -23,12 +22,11 @@ def job_id(world: World) -> str | None:
     return next(iter(world.links.values())).job_id if world.links else None
 
 
-def describe(
-    spec: OpSpec, dtype: np.dtype[Any], rows: int | None, trailing: tuple[int, ...]
-) -> str:
-    """``allgatherv float32[3, 2] #4`` (``[rows, 2]`` where the rows vary per peer)."""
-    dims = ("rows" if rows is None else str(rows), *(str(d) for d in trailing))
-    return f"{spec.kind.label} {dtype.name}[{', '.join(dims)}] #{spec.seq}"
+def describe(spec: OpSpec, trailing: tuple[int, ...], rows: int | None = None) -> str:
+    """A rank's call whose arrays have the ``trailing`` shape: ``allgatherv float32[rows,
+    2] #4``, the same words in which that rank names its own call (see OpSpec.describe);
+    ``float32[3, 2]`` given ``rows``."""
+    return spec._replace(trailing=trailing).describe(rows)
 
 
 def mismatch(
@@ -75,8 +73,10 @@ def checked_rows(
         if peer_rows < 0 or capacity < -1 or min(peer_trailing, default=0) < 0:
             raise impossible_counts(world, spec, peer, vectors[peer])
         if peer_trailing != trailing:
-            theirs = describe(spec, _dtype(spec), peer_rows, tuple(peer_trailing))
-            mine = _me(world, spec, table)
+            # Without the rows, which may differ: the words each rank names its call in,
+            # so that trioring run sees whose call is the odd one.
+            theirs = describe(spec, tuple(peer_trailing))
+            mine = describe(spec, tuple(trailing))
             calls = {world.rank: mine, peer: theirs}
             raise mismatch(world, spec, peer, f"{mine}, rank {peer}: {theirs}", calls)
     all_rows = [vector[0] for vector in table]
@@ -95,11 +95,7 @@ def checked_rows(
     return all_rows
 
 
-def _dtype(spec: OpSpec) -> np.dtype[Any]:
-    return DTYPES[spec.dtype_code - 1]
-
-
 def _me(world: World, spec: OpSpec, table: list[list[int]]) -> str:
-    """This rank's call as its error messages name it."""
+    """This rank's call with its rows, as the message about an ``out=`` names it."""
     mine = table[world.rank]
-    return describe(spec, _dtype(spec), mine[0], tuple(mine[2:]))
+    return describe(spec, tuple(mine[2:]), mine[0])

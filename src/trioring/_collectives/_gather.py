@@ -194,7 +194,12 @@ def plan_gatherv(
                 world, spec._replace(count=total), flat, sizes, checked_root, gathered
             )
 
-    identity = {"dtype_code": DTYPE_CODES[dtype], "count": len(trailing) + 2, "root": checked_root}
+    identity = {
+        "dtype_code": DTYPE_CODES[dtype],
+        "count": len(trailing) + 2,
+        "root": checked_root,
+        "trailing": trailing,
+    }
     return parts, exchange_then_gather, identity
 
 

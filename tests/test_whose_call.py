@@ -1,0 +1,213 @@
+"""Whose call differs: a mismatch names every side's call in words that every rank uses
+alike, so that ``trioring run`` can tell the one rank whose call is the odd one out.
+
+The uneven collectives (allgatherv, gatherv, alltoallv) first exchange their counts, under
+an identity whose count is the length of that vector: a rank sees only a peer's dtype and
+number of dimensions in its frames, but knows its own trailing shape. Both name the call
+``allgatherv float32[rows, 2] #1`` (``[rows, *]`` from a frame), and the launcher takes a
+rank's own word on its call over what a peer saw of it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pytest
+import trio
+
+import trioring
+from launched import run_launcher, write_script
+from local_runs import on_every_rank
+from trioring._launched import note_calls, odd_calls
+from trioring._wire import DTYPE_CODES, Kind, OpSpec
+from trioring.testing import open_local_world
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+    from pathlib import Path
+
+    from trioring import Communicator
+
+F32 = DTYPE_CODES[np.dtype(np.float32)]
+
+
+def test_uneven_calls_are_named_by_their_shape_after_the_rows() -> None:
+    # A rank's own call: its trailing shape.
+    mine = OpSpec(Kind.ALLGATHERV, 4, F32, 3, trailing=(2,))
+    assert mine.describe() == "allgatherv float32[rows, 2] #4"
+    assert mine.describe(rows=5) == "allgatherv float32[5, 2] #4"
+    # Its data frames carry a total, which changes nothing in the name.
+    assert mine._replace(count=1000).describe() == "allgatherv float32[rows, 2] #4"
+    gatherv = OpSpec(Kind.GATHERV, 1, F32, 2, root=3, trailing=())
+    assert gatherv.describe() == "gatherv(root=3) float32[rows] #1"
+    # From a peer's first frame: the number of dimensions (count - 1 for allgatherv and
+    # gatherv, whose vector also holds the out= capacity; count for alltoallv).
+    assert OpSpec(Kind.ALLGATHERV, 4, F32, 4).describe() == "allgatherv float32[rows, *, *] #4"
+    assert OpSpec(Kind.GATHERV, 4, F32, 2, root=0).describe() == "gatherv(root=0) float32[rows] #4"
+    assert OpSpec(Kind.ALLTOALLV, 4, F32, 2).describe() == "alltoallv float32[rows, *] #4"
+    # A count no first frame carries (a data frame's total) is shown as it is.
+    assert OpSpec(Kind.ALLGATHERV, 4, F32, 1000).describe() == "allgatherv float32[1000] #4"
+    # The even collectives are named by their element count, as before.
+    assert OpSpec(Kind.ALLGATHER, 4, F32, 6).describe() == "allgather float32[6] #4"
+
+
+def test_a_ranks_own_word_on_its_call_wins_whatever_the_order() -> None:
+    """Rank 2's float64 allgatherv: rank 0 saw it in a frame ("[rows, *]"), rank 2 named
+    it itself; in either order of the ranks' exits the launcher keeps rank 2's own."""
+    good = "allgatherv float32[rows, 2] #1"
+    odd = "allgatherv float64[rows, 2] #1"
+    reports = {
+        0: {0: good, 2: "allgatherv float64[rows, *] #1"},
+        1: {1: good},
+        2: {2: odd, 0: "allgatherv float32[rows, *] #1"},
+        3: {3: good},
+    }
+    for order in ([0, 1, 2, 3], [2, 0, 1, 3], [3, 2, 1, 0]):
+        calls: dict[int, str] = {}
+        self_named: set[int] = set()
+        for rank in order:
+            note_calls(calls, self_named, rank, reports[rank])
+        assert calls == {0: good, 1: good, 2: odd, 3: good}, order
+        assert odd_calls(calls) == (
+            f"rank 2's call differs from the other ranks' (rank 2: {odd}; ranks 0, 1, 3: {good})"
+        )
+    # Where the rank itself never said, a peer's word stands.
+    calls, self_named = {}, set()
+    note_calls(calls, self_named, 0, reports[0])
+    assert calls[2] == "allgatherv float64[rows, *] #1"
+
+
+def _uneven_cases() -> list[Any]:
+    """(what rank 2 calls, what the others call), by rank; rows differ by rank throughout."""
+
+    def rows(c: Communicator, cols: tuple[int, ...], dtype: Any = np.float32) -> np.ndarray:
+        return np.ones((c.rank + 1, *cols), dtype)
+
+    def blocks(c: Communicator, cols: tuple[int, ...], dtype: Any = np.float32) -> list[Any]:
+        return [np.ones((k + 1, *cols), dtype) for k in range(c.world_size)]
+
+    return [
+        pytest.param(
+            lambda c: c.allgatherv(rows(c, (3,))),
+            lambda c: c.allgatherv(rows(c, (2,))),
+            id="allgatherv-trailing",
+        ),
+        pytest.param(
+            lambda c: c.allgatherv(rows(c, (2,), np.float64)),
+            lambda c: c.allgatherv(rows(c, (2,))),
+            id="allgatherv-dtype",
+        ),
+        pytest.param(
+            lambda c: c.allgatherv(rows(c, (2, 1))),
+            lambda c: c.allgatherv(rows(c, (2,))),
+            id="allgatherv-ndim",
+        ),
+        pytest.param(
+            lambda c: c.gatherv(rows(c, (3,)), root=0),
+            lambda c: c.gatherv(rows(c, (2,)), root=0),
+            id="gatherv-trailing",
+        ),
+        pytest.param(
+            lambda c: c.gatherv(rows(c, (2,)), root=1),
+            lambda c: c.gatherv(rows(c, (2,)), root=0),
+            id="gatherv-root",
+        ),
+        pytest.param(
+            lambda c: c.alltoallv(blocks(c, (3,))),
+            lambda c: c.alltoallv(blocks(c, (2,))),
+            id="alltoallv-trailing",
+        ),
+        pytest.param(
+            lambda c: c.alltoallv(blocks(c, (2,), np.int32)),
+            lambda c: c.alltoallv(blocks(c, (2,))),
+            id="alltoallv-dtype",
+        ),
+        pytest.param(
+            lambda c: c.alltoallv(blocks(c, ())),
+            lambda c: c.alltoallv(blocks(c, (2,))),
+            id="alltoallv-ndim",
+        ),
+    ]
+
+
+@pytest.mark.parametrize("n", [3, 4, 5])
+@pytest.mark.parametrize(("odd", "good"), _uneven_cases())
+async def test_every_rank_names_the_odd_uneven_call(
+    n: int,
+    odd: Callable[[Communicator], Awaitable[object]],
+    good: Callable[[Communicator], Awaitable[object]],
+) -> None:
+    """Rank 2's uneven call differs from the others' in trailing shape, dtype, number of
+    dimensions or root. Every rank raises; whatever each saw of it and in whichever order
+    their reports come, the calls they name single out rank 2, and each rank names its own
+    call as the others name it where they agree."""
+    errors: dict[int, trioring.CollectiveError] = {}
+    async with open_local_world(n) as comms:
+
+        async def one(comm: Communicator) -> None:
+            try:
+                await (odd if comm.rank == 2 else good)(comm)
+            except trioring.CollectiveError as exc:
+                errors[comm.rank] = exc
+
+        with trio.fail_after(10):
+            await on_every_rank(comms, one)
+    assert sorted(errors) == list(range(n))
+    reports = {}
+    for rank, exc in errors.items():
+        assert isinstance(exc, trioring.CollectiveMismatchError), repr(exc)
+        assert rank in exc.calls, (rank, str(exc))
+        reports[rank] = exc.calls
+    for order in (sorted(reports), sorted(reports, reverse=True)):
+        calls: dict[int, str] = {}
+        self_named: set[int] = set()
+        for rank in order:
+            note_calls(calls, self_named, rank, reports[rank])
+        whose = odd_calls(calls)
+        assert whose is not None, calls
+        assert whose.startswith("rank 2's call differs from the other ranks' (rank 2: "), whose
+
+
+UNEVEN_SCRIPT = """
+    import sys
+    import numpy as np
+    import trio
+    import trioring
+
+    async def main():
+        async with trioring.open_communicator() as comm:
+            r, n = comm.rank, comm.world_size
+            cols = 3 if r == 2 else 2
+            if sys.argv[1] == "allgatherv":
+                await comm.allgatherv(np.ones((r + 1, cols), np.float32))
+            else:
+                dtype = np.float64 if r == 2 else np.float32
+                await comm.alltoallv([np.ones((k + 1, 2), dtype) for k in range(n)])
+
+    trio.run(main)
+"""
+
+
+@pytest.mark.parametrize(
+    ("collective", "odd", "good"),
+    [
+        ("allgatherv", "allgatherv float32[rows, 3] #1", "allgatherv float32[rows, 2] #1"),
+        ("alltoallv", "alltoallv float64[rows, 2] #1", "alltoallv float32[rows, 2] #1"),
+    ],
+)
+def test_trioring_run_names_the_rank_whose_uneven_call_differs(
+    tmp_path: Path, collective: str, odd: str, good: str
+) -> None:
+    """Four processes over Unix sockets with the one-host paths: rank 2's allgatherv has
+    another trailing shape (seen in the counts that every rank reads from the segment), or
+    its alltoallv another dtype (seen in its frames). Whichever rank sees it first, the
+    launcher says that rank 2's call, and only rank 2's, differs."""
+    script = write_script(tmp_path, UNEVEN_SCRIPT)
+    result = run_launcher(tmp_path, "-n", "4", "--grace", "30", str(script), collective)
+    assert result.returncode == 1, result.stderr
+    expected = f"trioring run: rank 2's call differs from the other ranks' (rank 2: {odd}; "
+    expected += f"ranks 0, 1, 3: {good})"
+    assert expected in result.stderr.splitlines(), result.stderr
+    assert re.search(r"trioring run: rank \d exited with code 1 \(first failure\)", result.stderr)
