@@ -479,10 +479,15 @@ def test_echoing_rank_is_not_the_first_failure_while_its_culprit_runs(job: Job) 
 
 
 def test_echoing_rank_is_the_first_failure_if_its_culprit_succeeds(job: Job) -> None:
+    """Rank 1 exits with code 0 (it returned early, say, and closed its communicator) while
+    rank 0 still needs it: rank 0's error only reports rank 1's failure. Rank 0 is the first
+    failure, and the summary names rank 1 too, which nothing else would: its exit was
+    clean."""
     status, stderr, _ = job.run(job.argv(2, {"0": "echo:1", "1": "exit:0"}))
     assert status == 1
     assert stderr == echo_line(0, 1) + (
-        "trioring run: rank 0 exited with code 1 (first failure); no other rank was running\n"
+        "trioring run: rank 0 exited with code 1 (first failure); no other rank was running; "
+        "rank 1 exited with code 0 before rank 0, which failed waiting for it\n"
     )
 
 

@@ -243,9 +243,9 @@ class MyInt(int):
 
 
 REFUSED: list[tuple[Any, str]] = [
-    ({"cfg": [1, 2, {3}]}, 'obj["cfg"][2]: set is not supported'),
-    (frozenset(), "obj: frozenset is not supported"),
-    ([Custom()], "Custom is not supported"),
+    ({"cfg": [1, 2, {3}]}, 'obj["cfg"][2]: set is not supported (convert it to a list or'),
+    (frozenset(), "obj: frozenset is not supported (convert it to a list or a tuple)"),
+    ([Custom()], "Custom is not supported (objects travel without pickle: None, bool, int,"),
     ((1, MyInt(3)), "MyInt is not supported (a subclass"),
     ({1.5: 2}, "obj: dict key 1.5 of type float is not supported (keys must be str or int)"),
     ({"a": {True: 1}}, 'obj["a"]: dict key True of type bool is not supported'),

@@ -41,7 +41,7 @@ from ._concurrency import first_leaf
 from ._errors import CollectiveMismatchError, echoed_ranks, ranks_note, world_rank
 
 if TYPE_CHECKING:
-    from collections.abc import Collection, Mapping
+    from collections.abc import Collection, Mapping, Sequence
     from types import TracebackType
 
 RUN_DIR_VARIABLE = "TRIORING_RUN_DIR"
@@ -134,6 +134,22 @@ def odd_calls(calls: Mapping[int, str]) -> str | None:
     )
     others = "; ".join(f"{_ranks(ranks)}: {call}" for call, ranks in groups[1:])
     return f"{whose} from the other ranks' ({others}; {_ranks(most)}: {common})"
+
+
+def left_early(echoes: Mapping[int, frozenset[int]], exits: Sequence[int | None]) -> list[str]:
+    """What the launcher says of each rank that exited with code 0 while others failed
+    waiting for it (``echoes``: rank -> the ranks its error only reports; ``exits``: each
+    rank's exit code, None while running). Its exit was clean, so nothing else names it:
+    a rank that returned early, or skipped a call the others made, closes its communicator
+    under them."""
+    lines = []
+    for blamed in sorted(set().union(*echoes.values())):
+        if 0 <= blamed < len(exits) and exits[blamed] == 0:
+            waiting = [rank for rank, ranks in echoes.items() if blamed in ranks]
+            lines.append(
+                f"rank {blamed} exited with code 0 before {_ranks(waiting)}, which failed waiting for it"
+            )
+    return lines
 
 
 def read_calls(run_dir: str, pid: int) -> dict[int, str]:

@@ -60,6 +60,7 @@ from ._launched import (
     ECHO_SUFFIX,
     ERROR_SUFFIX,
     RUN_DIR_VARIABLE,
+    left_early,
     note_calls,
     odd_calls,
     read_calls,
@@ -473,6 +474,7 @@ class _Supervisor:
             parts[-1] += (
                 f" (SIGKILL after {self.grace:g} s grace: ranks {', '.join(map(str, self.killed))})"
             )
+        parts += left_early(self.echoes, [process.returncode for process in self.processes])
         if first is not None and first in self.errors:
             # Its traceback may be far above, among the other ranks' output.
             print(f"trioring run: rank {first} raised {self.errors[first]}", file=self.stderr)

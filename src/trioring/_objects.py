@@ -254,7 +254,14 @@ class _Encoder:
             return f"{name} is not supported (an ndarray subclass: send np.asarray(x))"
         if isinstance(value, (bool, int, float, complex, str, bytes, list, tuple, dict)):
             return f"{name} is not supported (a subclass: convert it to its base type)"
-        return f"{name} is not supported"
+        if isinstance(value, (set, frozenset)):
+            return f"{name} is not supported (convert it to a list or a tuple)"
+        # Say what does travel, where the reader looks: the message, not the docs.
+        return (
+            f"{name} is not supported (objects travel without pickle: None, bool, int, "
+            "float, complex, str, bytes, list, tuple, dict with str or int keys, and numpy "
+            "arrays; convert it to those, e.g. a dataclass with dataclasses.asdict)"
+        )
 
     def encode_int(self, value: int, path: str) -> None:
         n = (value if value >= 0 else ~value).bit_length() // 8 + 1
