@@ -24,6 +24,7 @@ import trio
 import trio.testing
 
 import trioring
+from local_runs import on_every_rank
 from trioring._errors import echoed_ranks
 from trioring._framing import _PENDING_ABORT_SECONDS
 from trioring._wire import AbortKind, Kind, OpSpec
@@ -240,3 +241,31 @@ async def test_point_to_point_errors_in_a_split_map_to_world_ranks() -> None:
     assert error.peer == 1
     assert "rank 1 closed this communicator" in str(error), error
     assert echoed_ranks(error) == frozenset({2})
+
+
+async def test_a_receive_that_waits_in_vain_names_what_came_instead() -> None:
+    """Rank 0 sends small messages with tags 1 and 5, then closes the communicator; rank 1
+    waits for tag 2 (the usual bug: a wrong tag). Its error names the messages from rank 0
+    that no receive took, by tag."""
+    caught: list[trioring.PeerFailedError] = []
+    async with open_local_world(2) as comms:
+
+        async def rank_main(comm: trioring.Communicator) -> None:
+            async with comm.dup() as twin:
+                if comm.rank == 0:
+                    for tag in (5, 1, 5):
+                        await twin.send(np.ones(2), dest=1, tag=tag)
+                    return
+                with pytest.raises(trioring.PeerFailedError) as info:
+                    await twin.recv(source=0, tag=2)
+                caught.append(info.value)
+
+        with trio.fail_after(10):
+            await on_every_rank(comms, rank_main)
+    (error,) = caught
+    assert error.peer == 0
+    assert str(error).startswith(
+        "rank 1: recv(source=0, tag=2) on dup #1 of world: rank 0 closed this communicator (or "
+        "it broke there): nothing more comes from it, and it receives nothing more; of what it "
+        "sent, this rank has not received 3 messages, with tags 1 (1), 5 (2)"
+    ), error

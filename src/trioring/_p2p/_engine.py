@@ -227,7 +227,8 @@ class Engine:
         rank = scope.members.index(world)
         error = PeerFailedError(
             f"{self._where(scope, what, None)}: rank {rank} closed this communicator (or it "
-            "broke there): nothing more comes from it, and it receives nothing more",
+            "broke there): nothing more comes from it, and it receives nothing more"
+            f"{self._unreceived(scope, world)}",
             rank=scope.rank,
             peer=rank,
             collective=what.partition("(")[0],
@@ -236,6 +237,23 @@ class Engine:
         if scope.label:
             error._trioring_world_ranks = scope.members  # for trioring run: see echoed_ranks
         return error
+
+    def _unreceived(self, scope: Scope, world: int) -> str:
+        """What ``world`` sent on ``scope`` that no receive took, as the end of a message:
+        a receive that waits in vain for a peer that has left usually names the wrong tag
+        (or source), and the messages that did come say which."""
+        comm = self._comms.get(scope.comm_id)
+        tags = sorted(m.tag for m in comm.queued() if m.peer == world) if comm else []
+        if not tags:
+            return ""
+        many = "message" if len(tags) == 1 else "messages"
+        if len(set(tags)) == 1:
+            counted = f"with tag {tags[0]}"
+        else:
+            counted = "with tags " + ", ".join(
+                f"{tag} ({tags.count(tag)})" for tag in sorted(set(tags))
+            )
+        return f"; of what it sent, this rank has not received {len(tags)} {many}, {counted}"
 
     def _protocol_violation(self, peer: Peer, detail: str) -> None:
         self._record_failure(peer, ProtocolError, detail)
