@@ -51,6 +51,10 @@ def test_uneven_calls_are_named_by_their_shape_after_the_rows() -> None:
     assert OpSpec(Kind.ALLGATHERV, 4, F32, 1000).describe() == "allgatherv float32[1000] #4"
     # The even collectives are named by their element count, as before.
     assert OpSpec(Kind.ALLGATHER, 4, F32, 6).describe() == "allgather float32[6] #4"
+    # split and dup by their name alone: the colors and keys they exchange are their own.
+    i64 = DTYPE_CODES[np.dtype(np.int64)]
+    assert OpSpec(Kind.SPLIT, 2, i64, 2).describe() == "split #2"
+    assert OpSpec(Kind.DUP, 3, i64, 2).describe() == "dup #3"
 
 
 def test_a_ranks_own_word_on_its_call_wins_whatever_the_order() -> None:

@@ -114,6 +114,9 @@ MAX_NDIM = 64
 #: The uneven calls whose first frames carry, as their count, the length of the vector of
 #: counts they exchange: their arrays' number of dimensions plus this.
 _COUNT_OVER_NDIM = {Kind.ALLGATHERV: 1, Kind.GATHERV: 1, Kind.ALLTOALLV: 0}
+#: The calls whose frames carry data of trioring's own, not the caller's (split and dup
+#: exchange each rank's color and key): named without it.
+_OWN_DATA = frozenset((Kind.SPLIT, Kind.DUP))
 
 
 class OpSpec(NamedTuple):
@@ -137,14 +140,15 @@ class OpSpec(NamedTuple):
     trailing: tuple[int, ...] | None = None
 
     def describe(self, rows: int | None = None) -> str:
-        """``allreduce(sum) float32[1000] #17``, ``broadcast(root=0) ...``, ``barrier #3``;
+        """``allreduce(sum) float32[1000] #17``, ``broadcast(root=0) ...``, ``barrier #3``,
+        ``split #2``;
         an uneven call as ``allgatherv float32[rows, 3] #4`` (its rows may differ by
         rank; ``float32[2, 3]`` given ``rows``), or, from a peer's frame, where only the
         number of dimensions travels (the count of those calls' first frames, whose
         identity the ranks compare; the frames of their data, which follow from counts
         every rank agreed, carry totals), ``allgatherv float32[rows, *] #4``."""
-        if self.kind is Kind.BARRIER and not self.dtype_code:
-            return f"barrier #{self.seq}"
+        if (self.kind is Kind.BARRIER and not self.dtype_code) or self.kind in _OWN_DATA:
+            return f"{self.kind.label} #{self.seq}"
         label = self.kind.label
         args = []
         if label in _WITH_OP or self.kind is Kind.REDUCE_SCATTERV:
