@@ -338,6 +338,29 @@ async def test_a_long_wait_for_rank_0_is_reported_while_it_lasts(
     assert any("still waiting for rank 0" in m and "connection refused" in m for m in messages)
 
 
+@pytest.mark.usefixtures("clean_env")
+async def test_rank_0_says_who_it_still_waits_for(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 0 of a world of 3 whose other ranks never start: it says which ranks it waits
+    for while it waits, as the others say they wait for it, and once more when its deadline
+    ends the wait."""
+    monkeypatch.setattr(_rendezvous, "_STILL_WAITING_FIRST_S", 0.05)
+    monkeypatch.setattr(_rendezvous, "_STILL_WAITING_EVERY_S", 0.1)
+    port = free_tcp_port()
+    with pytest.raises(trio.TooSlowError), trio.fail_after(0.5):
+        async with trioring.open_communicator(
+            rank=0, world_size=3, master_addr="127.0.0.1", master_port=port, transport="tcp"
+        ):
+            pass
+    messages = warnings_of(caplog)
+    waiting = [m for m in messages if m.startswith("rank 0: still waiting at ")]
+    assert len(waiting) >= 2, messages
+    assert waiting[0].startswith(f"rank 0: still waiting at 127.0.0.1:{port} after 0 s"), waiting
+    assert waiting[0].endswith("for ranks 1, 2 to join (1 of 3 here)"), waiting
+    assert "ranks 1, 2 never joined" in messages[-1], messages
+
+
 # -- in one process: the admission of connections --------------------------------------------
 
 

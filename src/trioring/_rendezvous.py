@@ -61,8 +61,9 @@ logger = logging.getLogger("trioring")
 
 _RETRY_FIRST_DELAY = 0.005
 _RETRY_MAX_DELAY = 0.5
-#: A rank still waiting for rank 0 says so at WARNING after this many seconds, then every
-#: _STILL_WAITING_EVERY_S (there is no internal timeout: without a deadline it waits forever).
+#: A rank still waiting for rank 0, and rank 0 still waiting for the others to join, says
+#: so at WARNING after this many seconds, then every _STILL_WAITING_EVERY_S (there is no
+#: internal timeout: without a deadline it waits forever).
 _STILL_WAITING_FIRST_S = 30.0
 _STILL_WAITING_EVERY_S = 300.0
 
@@ -225,6 +226,25 @@ async def _serve(
             nursery.cancel_scope.cancel()
 
     started = trio.current_time()
+
+    async def say_who_is_missing() -> None:
+        # Without it, rank 0 of a world that was started with too few ranks (a launch by
+        # hand, a WORLD_SIZE too large) waits in silence where the others say so.
+        await trio.sleep(_STILL_WAITING_FIRST_S)
+        while True:
+            missing = sorted(set(range(1, size)) - hellos.keys())
+            logger.warning(
+                "rank 0: still waiting at %s after %.0f s for ranks %s to join (%d of %d here)%s%s",
+                rendezvous_address(config),
+                trio.current_time() - started,
+                ", ".join(map(str, missing)),
+                len(hellos) + 1,
+                size,
+                admission.summary(),
+                job_suffix(config),
+            )
+            await trio.sleep(_STILL_WAITING_EVERY_S)
+
     try:
         async with trio.open_nursery() as nursery:
 
@@ -233,6 +253,7 @@ async def _serve(
                     nursery.start_soon(handle, await listener.accept())
 
             nursery.start_soon(accept_all)
+            nursery.start_soon(say_who_is_missing)
     except BaseException as exc:
         missing = sorted(set(range(1, size)) - hellos.keys())
         if missing and is_cancellation(exc) and not coordinator.failing:
