@@ -284,6 +284,51 @@ async def test_a_long_wait_sees_an_abort_behind_data_frames(
         assert "rank 2 cancelled" in str(error)
 
 
+async def test_a_peer_that_finished_the_call_and_closed_leaves_it_to_complete(
+    autojump_clock: object,
+) -> None:
+    """Rank 2 finished call 5, then closed its communicator: its closing notice (about call
+    6) sits on its link while this rank still waits in call 5 for rank 1, long enough for a
+    watch to read it. The watch leaves it unread, call 5 completes, and only a receive of
+    call 6 from rank 2 raises it: the end of a program is not a failure."""
+    spec = OpSpec(Kind.ALLREDUCE, 5, dtype_code=1, count=4, op_code=1)
+    async with socket_links(2) as (links, theirs):
+        closer = Link(2, 0, theirs[1])
+        closer.send_closing(2, 6, "closed its communicator after collective #5")
+        await theirs[1].aclose()
+        # What a breaking call looks for on every link: not this notice (its cause is
+        # elsewhere), which stays consumed there, as anything that look reads.
+        async with socket_links(1) as (other, theirs_too):
+            Link(1, 0, theirs_too[0]).send_closing(1, 6, "closed its communicator after #5")
+            assert await other[0].pending_abort(spec) is None
+
+        async def answer_later() -> None:
+            await trio.sleep(1)  # long past the watch threshold
+            await Link(1, 0, theirs[0]).send(spec, 0, memoryview(bytes(16)))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(answer_later)
+            await links[0].recv(spec, 0, memoryview(bytearray(16)))
+        with pytest.raises(trioring.PeerFailedError) as info:
+            await links[1].recv(spec._replace(seq=6), 0, memoryview(bytearray(16)))
+    assert info.value.peer == 2
+    assert str(info.value) == (
+        "rank 0: allreduce #6: rank 2 closed its communicator after collective #5"
+    )
+
+
+async def test_a_peer_that_closed_during_the_call_breaks_it(autojump_clock: object) -> None:
+    """Rank 2 closed its communicator while call 5 ran there (another task closed it): a
+    watch that reads its notice ends this rank's wait in call 5 on rank 1 with it."""
+    spec = OpSpec(Kind.ALLREDUCE, 5, dtype_code=1, count=4, op_code=1)
+    async with socket_links(2) as (links, theirs):
+        Link(2, 0, theirs[1]).send_closing(2, 5, "closed its communicator during collective #5")
+        with pytest.raises(trioring.PeerFailedError) as info:
+            await links[0].recv(spec, 0, memoryview(bytearray(16)))
+    assert info.value.peer == 2
+    assert "rank 2 closed its communicator during collective #5" in str(info.value)
+
+
 async def test_frames_read_ahead_by_a_watch_are_received_intact(autojump_clock: object) -> None:
     """Data frames that a watch read ahead (no abort came) are received afterwards exactly as
     if they had stayed in the socket: same bytes, same order, then the rest from the socket."""

@@ -259,8 +259,11 @@ class CommunicatorCore:
         for child in list(self._children):
             await child._close_tree()
         if self._state is not State.CLOSED:
+            was_open = self._state is State.OPEN
             self._state = State.CLOSED
             await self._family.endpoint.leave(self._scope.comm_id, self._closed_error)
+            if was_open:
+                self._say_closing()
             with trio.CancelScope(shield=True):
                 await self._close_connections()
         if self._parent is not None and self in self._parent._children:
@@ -454,6 +457,25 @@ class CommunicatorCore:
                     why += f" ({of}in an exception group)"
             notice = (AbortKind.ERROR, me, f"it left its communicator {why}", me)
         await self._tell_peers(notice, self._seq + 1)
+
+    def _say_closing(self) -> None:
+        """Tell the peers that this communicator closes with no error, and after (or during)
+        which collective: a peer still waiting for this rank, or calling a collective later,
+        then raises PeerFailedError saying so (``rank 2 closed its communicator after
+        collective #92``), not only that the connection ended. At the end of a program
+        nobody reads it. A peer still finishing this rank's last collective leaves a notice
+        about the next one unread (see Link); so does one on the segment, which finds this
+        call finished beside the broken mark. Only what the connections take at once."""
+        me = self._rank
+        if self._running is not None:
+            reason, seq = f"closed its communicator during collective #{self._seq}", self._seq
+        else:
+            reason, seq = f"closed its communicator after collective #{self._seq}", self._seq + 1
+        if self._world.shm is not None:
+            # As for an abort: a peer waiting on the segment then looks at the connection.
+            self._world.shm.mark_broken()
+        for link in self._links.values():
+            link.send_closing(me, seq, reason)
 
     async def _tell_peers(self, notice: tuple[AbortKind, int, str, int], seq: int) -> None:
         """Send every link not left mid-frame the abort frame ``notice`` (kind, subject,

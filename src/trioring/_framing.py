@@ -216,6 +216,33 @@ class Link(LinkErrors):
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
             await self.connection.send_all(header, data)
 
+    def send_closing(self, subject: int, seq: int, reason: str) -> None:
+        """Tell the peer that this rank closes its communicator (an abort frame of kind
+        CLOSED), if the connection takes the frame at once: a clean close must not wait on
+        a peer that is closing too and reads nothing more (over an unbuffered stream, say,
+        every close would wait out a grace). Socket connections only; the others end
+        without a word, as they did. A frame cut short (a send buffer full to its last
+        bytes) reads as a close mid-frame, still naming this rank."""
+        if not self.send_clean or self._fast is None:
+            return
+        self.send_clean = False
+        data = reason.encode("utf-8", "replace")[:MAX_REASON_BYTES]
+        header = HEADER.pack(
+            MAGIC,
+            VERSION,
+            FrameType.ABORT,
+            AbortKind.CLOSED,
+            0,
+            0,
+            subject,
+            seq,
+            subject,
+            0,
+            len(data),
+        )
+        with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
+            self._fast.send_nowait([memoryview(header), memoryview(data)])
+
     async def explained(self, spec: OpSpec, error: CollectiveError) -> CollectiveError:
         """What to raise for ``error``, this link's failure noticed without reading from it
         (a send that broke, a cross-memory read of the peer's memory that failed): the
@@ -281,6 +308,8 @@ class Link(LinkErrors):
                 if magic != MAGIC or version != VERSION:
                     return
                 if ftype == FrameType.ABORT:
+                    if kind == AbortKind.CLOSED and seq > spec.seq:
+                        return  # it finished this call, then closed: not what broke it
                     try:
                         await self._raise_abort(spec, kind, root, seq, nbytes, count)
                     except TrioringError as exc:
@@ -467,6 +496,11 @@ class Link(LinkErrors):
                 if magic != MAGIC or version != VERSION:
                     return None
                 if ftype == FrameType.ABORT:
+                    if kind == AbortKind.CLOSED and seq > spec.seq:
+                        # It finished this call and closed: this call may still complete
+                        # (the peers this rank waits for are others). Left for a receive
+                        # of a later call, which raises it.
+                        return None
                     # The link breaks now: the data frames before the abort are not needed.
                     del self._ahead[: start + HEADER.size]
                     await self._raise_abort(spec, kind, root, seq, nbytes, count)

@@ -81,6 +81,9 @@ class AbortKind(enum.IntEnum):
     MISMATCH = 3  # the rank named in the frame saw mismatched collectives
     PROTOCOL = 4  # the rank named in the frame received malformed bytes
     ERROR = 5  # anything else (an exception in the aborting rank)
+    #: The rank named in the frame closed the communicator, with no error: after the
+    #: collective before the frame's (it finished that one), or during the frame's.
+    CLOSED = 6
 
 
 # Wire codes of the supported dtypes; 0 means "no data" (barrier).
@@ -231,7 +234,19 @@ def abort_error(
     label = spec.kind.label
     about_self = subject == rank
     error: CollectiveError
-    if kind == AbortKind.FAILED and about_self:
+    if kind == AbortKind.CLOSED:
+        # "closed its communicator after collective #92": a rank that left early (returned,
+        # skipped a call the others made, or caught a cancellation and went on).
+        via = "" if subject == sender else f" (relayed by rank {sender})"
+        error = PeerFailedError(
+            f"{where}: rank {subject} {reason}{via}",
+            rank=rank,
+            peer=subject,
+            collective=label,
+            seq=spec.seq,
+            job_id=job_id,
+        )
+    elif kind == AbortKind.FAILED and about_self:
         # The reporter lost its connection to *us* and says so: from here, it is the
         # reporter whose link failed, not this (live) rank.
         via = "" if reporter == sender else f" (relayed by rank {sender})"
