@@ -319,3 +319,29 @@ async def test_a_cancelled_call_on_a_child_names_the_child_and_its_world_ranks(
         "those of split #1 of world (color 1); as world ranks: 0->1, 1->3"
     )
     assert notes == [warning]
+
+
+async def test_a_closed_or_broken_sub_communicator_is_named() -> None:
+    """A call on a sub-communicator that was closed, or broke, says which communicator: its
+    rank and sequence number alone would read as the world's."""
+    async with open_local_world(2) as comms:
+
+        async def rank_code(comm: trioring.Communicator) -> None:
+            async with comm.dup() as twin:
+                dtype = np.float64 if comm.rank == 0 else np.float32
+                with pytest.raises(trioring.CollectiveMismatchError):
+                    await twin.allreduce(np.zeros(2, dtype))
+                with pytest.raises(trioring.CommunicatorBrokenError) as broken:
+                    await twin.barrier()
+            assert str(broken.value).startswith(
+                f"rank {comm.rank}: barrier #2: the communicator (dup #1 of world) is broken "
+                "since collective #1 failed"
+            ), broken.value
+            with pytest.raises(trioring.CommunicatorClosedError) as closed:
+                await twin.barrier()
+            assert str(closed.value).startswith(
+                f"rank {comm.rank}: barrier #2: the communicator (dup #1 of world) is closed"
+            ), closed.value
+
+        with trio.fail_after(30):
+            await on_every_rank(comms, rank_code)

@@ -184,7 +184,7 @@ class CommunicatorCore:
             return  # the common case, in two comparisons
         if self._state is State.CLOSED:
             raise CommunicatorClosedError(
-                f"{self._where(kind)}: the communicator is closed",
+                f"{self._where(kind)}: the communicator{self._named} is closed",
                 rank=self._rank,
                 job_id=self._job_id,
                 collective=kind.label,
@@ -200,8 +200,8 @@ class CommunicatorCore:
                     f"({type(self._broken_by).__name__}: {self._broken_by})"
                 )
             raise CommunicatorBrokenError(
-                f"{self._where(kind)}: the communicator is broken since {why}; open a new "
-                "communicator",
+                f"{self._where(kind)}: the communicator{self._named} is broken since {why}; "
+                "open a new communicator",
                 rank=self._rank,
                 job_id=self._job_id,
                 collective=kind.label,
