@@ -138,13 +138,19 @@ def _launched(
         text=True,
         start_new_session=True,
     )
+    output, _ = communicate_or_kill(process, TIMEOUT_S)
+    return process.returncode, output
+
+
+def communicate_or_kill(process: subprocess.Popen[str], timeout: float) -> tuple[str, str | None]:
+    """``process.communicate`` within ``timeout``; past it, or on any error, its whole
+    session (the launcher and its ranks) is killed and reaped first."""
     try:
-        output, _ = process.communicate(timeout=TIMEOUT_S)
+        return process.communicate(timeout=timeout)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGKILL)
-            process.wait()
-    return process.returncode, output
+            process.communicate()
 
 
 def run_reports(
@@ -209,12 +215,7 @@ def run_launcher(
         text=True,
         start_new_session=True,
     )
-    try:
-        stdout, stderr = process.communicate(timeout=LAUNCHER_DEADLINE_S)
-    finally:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGKILL)
-            process.communicate()
+    stdout, stderr = communicate_or_kill(process, LAUNCHER_DEADLINE_S)
     return subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
 
 

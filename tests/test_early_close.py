@@ -18,12 +18,31 @@ import pytest
 from launched import run_launcher, write_script
 
 if TYPE_CHECKING:
+    import subprocess
     from pathlib import Path
 
 #: transport, and TRIORING_SHM: the segment (its waits look at the connection once a peer
 #: marked itself broken there) or the sockets alone (their frames, and the watches of
 #: idle links during a long wait).
 TRANSPORTS = [("unix", "1"), ("unix", "0"), ("tcp", "0")]
+
+
+def _failing_job(
+    tmp_path: Path, source: str, transport: str, shm: str
+) -> tuple[subprocess.CompletedProcess[str], list[str]]:
+    """Run ``source`` on 4 ranks, which must fail; with the lines its ranks printed that
+    start with "rank " (whole, by --tag-output: where PYTHONUNBUFFERED is set, a print's
+    newline is a write of its own, which another rank's line may come between)."""
+    script = write_script(tmp_path, source)
+    result = run_launcher(
+        tmp_path,
+        *("-n", "4", "--tag-output", "--transport", transport, "--grace", "30", str(script)),
+        env={"TRIORING_SHM": shm},
+    )
+    assert result.returncode == 1, result.stderr
+    lines = [line.partition("] ")[2] for line in result.stdout.splitlines() if "] rank " in line]
+    return result, lines
+
 
 RETURNS_EARLY = """
     import numpy as np
@@ -50,16 +69,7 @@ RETURNS_EARLY = """
 def test_a_rank_that_returns_early_is_named_by_every_other(
     tmp_path: Path, transport: str, shm: str
 ) -> None:
-    script = write_script(tmp_path, RETURNS_EARLY)
-    result = run_launcher(
-        tmp_path,
-        *("-n", "4", "--tag-output", "--transport", transport, "--grace", "30", str(script)),
-        env={"TRIORING_SHM": shm},
-    )
-    assert result.returncode == 1, result.stderr
-    # Whole lines (--tag-output): where PYTHONUNBUFFERED is set, a print's newline is a
-    # write of its own, which another rank's line may come between.
-    lines = [line.partition("] ")[2] for line in result.stdout.splitlines() if "] rank " in line]
+    result, lines = _failing_job(tmp_path, RETURNS_EARLY, transport, shm)
     assert sorted(line.split()[1] for line in lines) == ["0", "2", "3"], result.stdout
     for line in lines:
         rank = line.split()[1]
@@ -118,16 +128,7 @@ def test_a_rank_that_closes_during_a_collective_is_named(
         "                await trio.sleep(0.6)\n"
         "            if comm.rank != 2:\n",
     )
-    script = write_script(tmp_path, source)
-    result = run_launcher(
-        tmp_path,
-        *("-n", "4", "--tag-output", "--transport", transport, "--grace", "30", str(script)),
-        env={"TRIORING_SHM": shm},
-    )
-    assert result.returncode == 1, result.stderr
-    # Whole lines (--tag-output): where PYTHONUNBUFFERED is set, a print's newline is a
-    # write of its own, which another rank's line may come between.
-    lines = [line.partition("] ")[2] for line in result.stdout.splitlines() if "] rank " in line]
+    result, lines = _failing_job(tmp_path, source, transport, shm)
     # Rank 3, still asleep when they fail, is stopped by the launcher then.
     assert {line.split()[1] for line in lines} >= {"0", "1"}, result.stdout
     for line in lines:

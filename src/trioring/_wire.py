@@ -234,19 +234,7 @@ def abort_error(
     label = spec.kind.label
     about_self = subject == rank
     error: CollectiveError
-    if kind == AbortKind.CLOSED:
-        # "closed its communicator after collective #92": a rank that left early (returned,
-        # skipped a call the others made, or caught a cancellation and went on).
-        via = "" if subject == sender else f" (relayed by rank {sender})"
-        error = PeerFailedError(
-            f"{where}: rank {subject} {reason}{via}",
-            rank=rank,
-            peer=subject,
-            collective=label,
-            seq=spec.seq,
-            job_id=job_id,
-        )
-    elif kind == AbortKind.FAILED and about_self:
+    if kind == AbortKind.FAILED and about_self:
         # The reporter lost its connection to *us* and says so: from here, it is the
         # reporter whose link failed, not this (live) rank.
         via = "" if reporter == sender else f" (relayed by rank {sender})"
@@ -254,11 +242,18 @@ def abort_error(
         error = PeerFailedError(
             message, rank=rank, peer=reporter, collective=label, seq=spec.seq, job_id=job_id
         )
-    elif kind in _WHAT_HAPPENED:
-        cls, what = _WHAT_HAPPENED[kind]
+    elif kind in _WHAT_HAPPENED or kind == AbortKind.CLOSED:
         via = "" if subject == sender else f" (relayed by rank {sender})"
+        if kind == AbortKind.CLOSED:
+            # "closed its communicator after collective #92": a rank that left early
+            # (returned, skipped a call the others made, or caught a cancellation).
+            cls: type[CollectiveError] = PeerFailedError
+            told = f"{reason}{via}"
+        else:
+            cls, what = _WHAT_HAPPENED[kind]
+            told = f"{what}{via}: {reason}"
         error = cls(
-            f"{where}: rank {subject} {what}{via}: {reason}",
+            f"{where}: rank {subject} {told}",
             rank=rank,
             peer=subject,
             collective=label,
