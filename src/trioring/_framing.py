@@ -29,6 +29,7 @@ from ._wire import (
     FrameType,
     OpSpec,
     abort_error,
+    pack_abort_frame,
     pack_data_header,
 )
 from .transports._socket import UNREACHABLE_ERRNOS, SocketConnection, advance
@@ -208,38 +209,19 @@ class Link(LinkErrors):
         connection is closed right after either way."""
         if not self.send_clean:
             return
-        data = reason.encode("utf-8", "replace")[:MAX_REASON_BYTES]
-        header = HEADER.pack(
-            MAGIC, VERSION, FrameType.ABORT, kind, 0, 0, subject, seq, reporter, 0, len(data)
-        )
+        header, data = pack_abort_frame(kind, subject, seq, reason, reporter)
         self.send_clean = False
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
             await self.connection.send_all(header, data)
 
     def send_closing(self, subject: int, seq: int, reason: str) -> None:
-        """Tell the peer that this rank closes its communicator (an abort frame of kind
-        CLOSED), if the connection takes the frame at once: a clean close must not wait on
-        a peer that is closing too and reads nothing more (over an unbuffered stream, say,
-        every close would wait out a grace). Socket connections only; the others end
-        without a word, as they did. A frame cut short (a send buffer full to its last
-        bytes) reads as a close mid-frame, still naming this rank."""
+        """Tell the peer that this rank closes its communicator (abort kind CLOSED), over
+        a socket, if it takes the frame at once: a clean close must not wait on a peer that
+        closes too (a frame cut short by a full buffer reads as a close mid-frame)."""
         if not self.send_clean or self._fast is None:
             return
         self.send_clean = False
-        data = reason.encode("utf-8", "replace")[:MAX_REASON_BYTES]
-        header = HEADER.pack(
-            MAGIC,
-            VERSION,
-            FrameType.ABORT,
-            AbortKind.CLOSED,
-            0,
-            0,
-            subject,
-            seq,
-            subject,
-            0,
-            len(data),
-        )
+        header, data = pack_abort_frame(AbortKind.CLOSED, subject, seq, reason, subject)
         with contextlib.suppress(trio.BrokenResourceError, trio.ClosedResourceError):
             self._fast.send_nowait([memoryview(header), memoryview(data)])
 
@@ -497,9 +479,8 @@ class Link(LinkErrors):
                     return None
                 if ftype == FrameType.ABORT:
                     if kind == AbortKind.CLOSED and seq > spec.seq:
-                        # It finished this call and closed: this call may still complete
-                        # (the peers this rank waits for are others). Left for a receive
-                        # of a later call, which raises it.
+                        # It finished this call and closed: this call may still complete.
+                        # Left for a receive of a later call, which raises it.
                         return None
                     # The link breaks now: the data frames before the abort are not needed.
                     del self._ahead[: start + HEADER.size]

@@ -203,6 +203,18 @@ def pack_data_header(
     )
 
 
+def pack_abort_frame(
+    kind: AbortKind, subject: int, seq: int, reason: str, reporter: int
+) -> tuple[bytes, bytes]:
+    """The header and the payload (the reason, cut to ``MAX_REASON_BYTES``) of an ABORT
+    frame: ``subject`` is the rank the news is about, ``reporter`` the one that noticed."""
+    data = reason.encode("utf-8", "replace")[:MAX_REASON_BYTES]
+    header = HEADER.pack(
+        MAGIC, VERSION, FrameType.ABORT, kind, 0, 0, subject, seq, reporter, 0, len(data)
+    )
+    return header, data
+
+
 def describe_remote(kind: int, seq: int, dtype: int, count: int, op: int, root: int) -> str:
     try:
         return OpSpec(Kind(kind), seq, dtype, count, op, root).describe()
