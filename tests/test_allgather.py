@@ -21,7 +21,7 @@ import trio.testing
 
 import trioring
 from exact_inputs import make as exact
-from local_runs import force as force_on, on_every_rank
+from local_runs import errors_when_one_differs, force as force_on, on_every_rank
 from trioring._collectives import _decision
 from trioring._collectives._decision import SMALL_ALLGATHER_BYTES, SMALL_POW2_ALLGATHER_BYTES
 from trioring.testing import open_local_world
@@ -515,18 +515,9 @@ async def test_mismatch_raises_everywhere(
 ) -> None:
     """Rank 1 differs; every rank raises (nobody hangs), the ranks that compared frames
     with it raise CollectiveMismatchError naming both sides (at world 2: both)."""
-    errors: dict[int, BaseException] = {}
     async with open_local_world(n) as comms:
         force(comms, name)
-
-        async def one(comm: Communicator) -> None:
-            try:
-                await (odd if comm.rank == 1 else good)(comm)
-            except trioring.CollectiveError as exc:
-                errors[comm.rank] = exc
-
-        with trio.fail_after(10):
-            await on_every_rank(comms, one)
+        errors = await errors_when_one_differs(comms, 1, odd, good)
     assert sorted(errors) == list(range(n))
     mismatches = [e for e in errors.values() if isinstance(e, trioring.CollectiveMismatchError)]
     assert mismatches

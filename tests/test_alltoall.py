@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import trioring
 from launched import run_killed, run_reports
-from local_runs import force, on_every_rank
+from local_runs import errors_when_one_differs, force, on_every_rank
 from trioring import _algorithms
 from trioring._collectives import _decision, _limits
 from trioring._collectives._decision import SMALL_ALLTOALL_BLOCK_BYTES
@@ -570,18 +570,9 @@ async def test_mismatch_raises_on_every_rank(
     """Rank 1 differs: every rank raises CollectiveMismatchError (nobody hangs), naming
     both calls where it compared frames or counts with rank 1 itself (at world 2 and 3
     every rank does), relayed by a peer otherwise."""
-    errors: dict[int, BaseException] = {}
     async with open_local_world(n, chunk_bytes=CHUNK_BYTES) as comms:
         force(comms, "alltoall", name)
-
-        async def one(comm: Communicator) -> None:
-            try:
-                await (odd if comm.rank == 1 else good)(comm)
-            except trioring.CollectiveError as exc:
-                errors[comm.rank] = exc
-
-        with trio.fail_after(10):
-            await on_every_rank(comms, one)
+        errors = await errors_when_one_differs(comms, 1, odd, good)
         assert all(comm.broken for comm in comms)
     assert sorted(errors) == list(range(n))
     for r, exc in errors.items():

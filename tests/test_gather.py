@@ -24,7 +24,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 import trioring
 from exact_inputs import make
 from launched import run_killed, run_reports
-from local_runs import force, on_every_rank
+from local_runs import errors_when_one_differs, force, on_every_rank
 from trioring._algorithms import World, _tree_gather
 from trioring._collectives import _decision, _scatter
 from trioring._collectives._scatter import SHM_SCATTER_BYTES
@@ -609,21 +609,8 @@ async def test_mismatch_raises_on_every_rank(
     fragments: tuple[str, ...],
 ) -> None:
     for odd_rank in sorted({1, n // 2, n - 1}):
-        errors: dict[int, BaseException] = {}
         async with open_local_world(n, chunk_bytes=CHUNK_BYTES) as comms:
-
-            async def one(
-                comm: Communicator,
-                odd_rank: int = odd_rank,
-                errors: dict[int, BaseException] = errors,
-            ) -> None:
-                try:
-                    await (odd if comm.rank == odd_rank else usual)(comm)
-                except trioring.TrioringError as exc:
-                    errors[comm.rank] = exc
-
-            with trio.fail_after(10):
-                await on_every_rank(comms, one)
+            errors = await errors_when_one_differs(comms, odd_rank, odd, usual)
         assert sorted(errors) == list(range(n)), (odd_rank, errors)
         for error in errors.values():
             assert isinstance(error, trioring.CollectiveMismatchError), repr(error)

@@ -24,7 +24,7 @@ import trio.testing
 import trioring
 from exact_inputs import UFUNCS, make, ops_for
 from launched import run_killed, run_reports
-from local_runs import force, on_every_rank
+from local_runs import errors_when_one_differs, force, on_every_rank
 from trioring._algorithms import tree_neighbours
 from trioring._collectives import _decision, _reduce
 from trioring._collectives._decision import CMA_MIN_COPY_BYTES
@@ -746,19 +746,10 @@ async def one_mismatch(
 ) -> None:
     """Rank 1 runs ``odd``, the others ``usual``: every rank raises CollectiveMismatchError
     naming both sides, none hangs."""
-    errors: dict[int, BaseException] = {}
     async with open_local_world(n) as comms:
         if name is not None:
             force(comms, "reduce", name)
-
-        async def one(comm: Communicator) -> None:
-            try:
-                await (odd if comm.rank == 1 else usual)(comm)
-            except trioring.TrioringError as exc:
-                errors[comm.rank] = exc
-
-        with trio.fail_after(10):
-            await on_every_rank(comms, one)
+        errors = await errors_when_one_differs(comms, 1, odd, usual)
     assert sorted(errors) == list(range(n))
     for exc in errors.values():
         assert isinstance(exc, trioring.CollectiveMismatchError), repr(exc)

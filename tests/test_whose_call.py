@@ -15,11 +15,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
-import trio
 
 import trioring
 from launched import run_launcher, write_script
-from local_runs import on_every_rank
+from local_runs import errors_when_one_differs
 from trioring._launched import note_calls, odd_calls
 from trioring._wire import DTYPE_CODES, Kind, OpSpec
 from trioring.testing import open_local_world
@@ -147,17 +146,8 @@ async def test_every_rank_names_the_odd_uneven_call(
     dimensions or root. Every rank raises; whatever each saw of it and in whichever order
     their reports come, the calls they name single out rank 2, and each rank names its own
     call as the others name it where they agree."""
-    errors: dict[int, trioring.CollectiveError] = {}
     async with open_local_world(n) as comms:
-
-        async def one(comm: Communicator) -> None:
-            try:
-                await (odd if comm.rank == 2 else good)(comm)
-            except trioring.CollectiveError as exc:
-                errors[comm.rank] = exc
-
-        with trio.fail_after(10):
-            await on_every_rank(comms, one)
+        errors = await errors_when_one_differs(comms, 2, odd, good)
     assert sorted(errors) == list(range(n))
     reports = {}
     for rank, exc in errors.items():
