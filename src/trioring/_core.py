@@ -11,7 +11,7 @@ import enum
 import functools
 import hashlib
 import logging
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 import trio
@@ -40,8 +40,9 @@ from ._p2p import Scope
 from ._wire import NO_ROOT, AbortKind, Kind, OpSpec
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Mapping
+    from collections.abc import Awaitable, Callable
 
+    from ._collectives._checks import Plan
     from ._family import Family
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "CommunicatorCore", "State"]
@@ -138,7 +139,7 @@ class CommunicatorCore:
     async def _execute(
         self,
         kind: Kind,
-        plan: Callable[[], tuple[_R, Callable[[OpSpec], Awaitable[None]], Mapping[str, Any]]],
+        plan: Callable[[], Plan[_R]],
     ) -> _R:
         """Run the call that ``plan`` prepares: a planner checks the arguments (raising
         Refused, which becomes an InvalidArgumentError before any I/O) and returns (the

@@ -144,12 +144,11 @@ class OpSpec(NamedTuple):
 
     def describe(self, rows: int | None = None) -> str:
         """``allreduce(sum) float32[1000] #17``, ``broadcast(root=0) ...``, ``barrier #3``,
-        ``split #2``;
-        an uneven call as ``allgatherv float32[rows, 3] #4`` (its rows may differ by
-        rank; ``float32[2, 3]`` given ``rows``), or, from a peer's frame, where only the
-        number of dimensions travels (the count of those calls' first frames, whose
-        identity the ranks compare; the frames of their data, which follow from counts
-        every rank agreed, carry totals), ``allgatherv float32[rows, *] #4``."""
+        ``split #2``; an uneven call as ``allgatherv float32[rows, 3] #4`` (its rows may
+        differ by rank; ``float32[2, 3]`` given ``rows``), or, from a peer's frame, where
+        only the number of dimensions travels (the count of those calls' first frames,
+        whose identity the ranks compare; the frames of their data, which follow from
+        counts every rank agreed, carry totals), ``allgatherv float32[rows, *] #4``."""
         if (self.kind is Kind.BARRIER and not self.dtype_code) or self.kind in _OWN_DATA:
             return f"{self.kind.label} #{self.seq}"
         label = self.kind.label

@@ -39,7 +39,7 @@ if TYPE_CHECKING:
 
     from .._algorithms import World
     from .._wire import OpSpec
-    from ._checks import Plan
+    from ._checks import Identity, Plan
 
 __all__ = ["body", "body_v", "check", "check_v", "plan_allgather", "plan_allgatherv", "unrunnable"]
 
@@ -73,7 +73,7 @@ def plan_allgather(world: World, forced: str | None, x: object, out: object) -> 
     flat, result, gathered = check(x, out, world.size, world.rank)
     if forced is not None and (why := unrunnable("allgather", forced, world, flat.nbytes)):
         raise Refused(why)
-    identity = {"dtype_code": DTYPE_CODES[flat.dtype], "count": flat.shape[0]}
+    identity: Identity = {"dtype_code": DTYPE_CODES[flat.dtype], "count": flat.shape[0]}
     return result, body(forced, world, flat, gathered), identity
 
 
@@ -87,7 +87,7 @@ def plan_allgatherv(
         raise Refused(why)
     parts: list[np.ndarray[Any, Any]] = []
     run = body_v(forced, world, flat, rows, trailing, gathered, parts)
-    identity = {
+    identity: Identity = {
         "dtype_code": DTYPE_CODES[flat.dtype],
         "count": len(trailing) + 2,
         "trailing": trailing,

@@ -41,7 +41,7 @@ if TYPE_CHECKING:
 
     from .._algorithms import World
     from .._wire import OpSpec
-    from ._checks import Plan
+    from ._checks import Identity, Plan
 
 __all__ = ["plan_alltoall", "plan_alltoallv"]
 
@@ -110,7 +110,7 @@ def plan_alltoall(
             recvs = [received[i * block : (i + 1) * block] for i in range(n)]
             await _algorithms.pairwise_alltoall(world, spec, sends, recvs)
 
-    identity = {"dtype_code": DTYPE_CODES[flat.dtype], "count": total}
+    identity: Identity = {"dtype_code": DTYPE_CODES[flat.dtype], "count": total}
     return result, run, identity
 
 
@@ -176,7 +176,7 @@ def plan_alltoallv(
     assert forced in (None, "pairwise"), forced  # "shm" is not forceable (see _decision)
     parts: list[np.ndarray[Any, Any]] = []
     body = _body_v(world, forced, flats, rows, trailing, out_flat, parts, problems)
-    identity = {
+    identity: Identity = {
         "dtype_code": DTYPE_CODES[flats[0].dtype],
         "count": len(trailing) + 1,
         "trailing": trailing,

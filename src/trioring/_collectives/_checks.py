@@ -12,7 +12,7 @@ from .._wire import DTYPE_CODES
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
-    from typing import TypeAlias
+    from typing import TypeAlias, TypedDict
 
     from .._algorithms import World
     from .._wire import OpSpec
@@ -20,11 +20,21 @@ if TYPE_CHECKING:
     _R = TypeVar("_R")
     #: What a collective runs once its call has a sequence number, given that identity.
     Body: TypeAlias = Callable[[OpSpec], Awaitable[None]]
+
+    class Identity(TypedDict, total=False):
+        """The fields of a call's identity beyond its kind that every frame carries, and
+        the uneven calls' ``trailing`` shape, which names the call in errors (see OpSpec):
+        ``CommunicatorCore._run``'s keywords."""
+
+        dtype_code: int
+        count: int
+        op_code: int
+        root: int
+        trailing: tuple[int, ...]
+
     #: What a family's planner gives the Communicator (``CommunicatorCore._execute``): the
-    #: result to return, the body, and the fields of the call's identity beyond its kind
-    #: (``dtype_code``, ``count``, ``op_code``, ``root``) that every frame carries, and
-    #: the uneven calls' ``trailing`` shape, which names the call in errors (see OpSpec).
-    Plan: TypeAlias = tuple[_R, Body, dict[str, Any]]
+    #: result to return, the body, and the call's identity.
+    Plan: TypeAlias = tuple[_R, Body, Identity]
 
 __all__ = ["Refused", "agree", "check_array", "check_out", "check_root"]
 

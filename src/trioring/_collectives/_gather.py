@@ -45,7 +45,7 @@ from ._counts import checked_rows
 if TYPE_CHECKING:
     from .._algorithms import World
     from .._wire import OpSpec
-    from ._checks import Plan
+    from ._checks import Identity, Plan
 
 __all__ = ["plan_gather", "plan_gatherv", "same_memory"]
 
@@ -109,7 +109,11 @@ def plan_gather(
         else:
             await _algorithms.tree_gather(world, spec, flat, sizes, checked_root, gathered)
 
-    identity = {"dtype_code": DTYPE_CODES[flat.dtype], "count": count, "root": checked_root}
+    identity: Identity = {
+        "dtype_code": DTYPE_CODES[flat.dtype],
+        "count": count,
+        "root": checked_root,
+    }
     return result, agree_then_gather, identity
 
 
@@ -194,7 +198,7 @@ def plan_gatherv(
                 world, spec._replace(count=total), flat, sizes, checked_root, gathered
             )
 
-    identity = {
+    identity: Identity = {
         "dtype_code": DTYPE_CODES[dtype],
         "count": len(trailing) + 2,
         "root": checked_root,

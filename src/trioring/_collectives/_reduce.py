@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
     from .._algorithms import World
     from .._wire import OpSpec
-    from ._checks import Plan
+    from ._checks import Identity, Plan
 
 __all__ = [
     "check_reduce",
@@ -276,7 +276,7 @@ def plan_reduce_scatter(
     else:
         name = forced
     body = reduce_scatter_body(name, world, flat, bounds, result_flat, reduce_op)
-    identity = {
+    identity: Identity = {
         "dtype_code": DTYPE_CODES[flat.dtype],
         "count": flat.shape[0],
         "op_code": OP_CODES[reduce_op],
@@ -299,7 +299,7 @@ def plan_reduce(
     else:
         name = forced
     body = reduce_body(name, world, flat, checked_root, reduce_op)
-    identity = {
+    identity: Identity = {
         "dtype_code": DTYPE_CODES[flat.dtype],
         "count": flat.shape[0],
         "op_code": OP_CODES[reduce_op],

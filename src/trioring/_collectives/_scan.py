@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 
     from .._algorithms import World
     from .._wire import OpSpec
-    from ._checks import Plan
+    from ._checks import Identity, Plan
 
 __all__ = ["check_scan", "identity", "plan_scan", "scan_body"]
 
@@ -97,7 +97,7 @@ def plan_scan(
     flat, reduce_op = check_scan(collective, array, op)
     name = forced if forced is not None else _decision.scan()
     body = scan_body(name, world, flat, reduce_op, exclusive=collective == "exscan")
-    fields = {
+    fields: Identity = {
         "dtype_code": DTYPE_CODES[flat.dtype],
         "count": flat.shape[0],
         "op_code": OP_CODES[reduce_op],

@@ -36,7 +36,7 @@ from .._errors import ProtocolError
 from .._onehost import _copies, _pipe
 from .._onehost._shm import SHM_MAX_BYTES
 from .._onehost._shm_collectives import shm_done
-from .._wire import DTYPE_CODES, DTYPES
+from .._wire import DTYPE_CODES, DTYPES, MAX_NDIM
 from . import _decision
 from ._checks import Refused, check_array, check_out, check_root
 from ._counts import job_id, mismatch
@@ -52,7 +52,7 @@ if TYPE_CHECKING:
 __all__ = ["HEADER_WORDS", "MAX_DIMS", "SHM_SCATTER_BYTES", "plan_scatter"]
 
 #: The most dimensions a scattered block may have (numpy's own limit).
-MAX_DIMS = 64
+MAX_DIMS = MAX_NDIM
 # The scatter header, one int64 each: whether the root's part is in, the root's dtype code,
 # form (0: one array, 1: a list), the blocks' number of dimensions, the elements per block
 # (one array; -1 for a list), whether any rank passed out=; then (value, rank) pairs: the

@@ -5,6 +5,7 @@ _endpoint.py for the protocol and the guarantees; this module keeps the mechanic
 from __future__ import annotations
 
 import contextlib
+from collections import Counter
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -243,17 +244,16 @@ class Engine:
         a receive that waits in vain for a peer that has left usually names the wrong tag
         (or source), and the messages that did come say which."""
         comm = self._comms.get(scope.comm_id)
-        tags = sorted(m.tag for m in comm.queued() if m.peer == world) if comm else []
-        if not tags:
+        tags = Counter(m.tag for m in comm.queued() if m.peer == world) if comm else Counter()
+        total = tags.total()
+        if not total:
             return ""
-        many = "message" if len(tags) == 1 else "messages"
-        if len(set(tags)) == 1:
-            counted = f"with tag {tags[0]}"
+        many = "message" if total == 1 else "messages"
+        if len(tags) == 1:
+            counted = f"with tag {next(iter(tags))}"
         else:
-            counted = "with tags " + ", ".join(
-                f"{tag} ({tags.count(tag)})" for tag in sorted(set(tags))
-            )
-        return f"; of what it sent, this rank has not received {len(tags)} {many}, {counted}"
+            counted = "with tags " + ", ".join(f"{tag} ({tags[tag]})" for tag in sorted(tags))
+        return f"; of what it sent, this rank has not received {total} {many}, {counted}"
 
     def _protocol_violation(self, peer: Peer, detail: str) -> None:
         self._record_failure(peer, ProtocolError, detail)
