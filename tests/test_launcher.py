@@ -576,7 +576,10 @@ def test_second_signal_skips_the_grace_period(job: Job) -> None:
     _, stderr = launcher.communicate(timeout=DEADLINE_S)
     assert time.monotonic() - start < grace
     assert launcher.returncode == 128 + signal.SIGINT
-    assert stderr.startswith("trioring run: received SIGINT; terminated ranks 0, 1 (SIGKILL")
+    assert stderr == (
+        "trioring run: received SIGINT; terminated ranks 0, 1 (SIGKILL at a second signal, "
+        "SIGTERM: ranks 0, 1)\n"
+    )
     assert_unix_rendezvous(job.reports())
     job.assert_no_rank_alive()
 

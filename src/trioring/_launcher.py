@@ -327,6 +327,8 @@ class _Supervisor:
     received_signal: int | None = None
     terminated: list[int] = attrs.Factory(list)
     killed: list[int] = attrs.Factory(list)
+    # The signal that cut the grace period short, if one did (see _watch_signals).
+    second_signal: int | None = None
     # rank -> the ranks its failure echoes, for every rank that exited with an echo.
     echoes: dict[int, frozenset[int]] = attrs.Factory(dict)
     # The first echoing exit (rank, returncode), while we wait for the ranks it blames.
@@ -419,6 +421,7 @@ class _Supervisor:
                 self._stop(nursery)
             else:
                 # The user asked twice: don't make them wait out the grace period.
+                self.second_signal = self.second_signal or signum
                 self._kill_remaining()
 
     def _stop(self, nursery: trio.Nursery) -> None:
@@ -471,9 +474,12 @@ class _Supervisor:
         elif not echoed and not also:
             parts.append("no other rank was running")
         if self.killed:
-            parts[-1] += (
-                f" (SIGKILL after {self.grace:g} s grace: ranks {', '.join(map(str, self.killed))})"
+            when = (
+                f"after {self.grace:g} s grace"
+                if self.second_signal is None
+                else f"at a second signal, {_signal_name(self.second_signal)}"
             )
+            parts[-1] += f" (SIGKILL {when}: ranks {', '.join(map(str, self.killed))})"
         parts += left_early(self.echoes, [process.returncode for process in self.processes])
         if first is not None and first in self.errors:
             # Its traceback may be far above, among the other ranks' output.
