@@ -6,15 +6,23 @@ an identity whose count is the length of that vector: a rank sees only a peer's 
 number of dimensions in its frames, but knows its own trailing shape. Both name the call
 ``allgatherv float32[rows, 2] #1`` (``[rows, *]`` from a frame), and the launcher takes a
 rank's own word on its call over what a peer saw of it.
+
+The object collectives run array collectives as their steps (broadcast_object two
+broadcasts, allgather_object an allgatherv): a rank names such a step with the method its
+caller called, ``allgatherv uint8[rows] #1 (in allgather_object)``, in a mismatch, a
+cancellation and every error about the call, since its caller never called an allgatherv.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pytest
+import trio
+import trio.testing
 
 import trioring
 from launched import run_launcher, write_script
@@ -176,6 +184,11 @@ UNEVEN_SCRIPT = """
             cols = 3 if r == 2 else 2
             if sys.argv[1] == "allgatherv":
                 await comm.allgatherv(np.ones((r + 1, cols), np.float32))
+            elif sys.argv[1] == "broadcast_object":
+                if r == 2:
+                    await comm.allreduce(np.ones(1, np.int64))
+                else:
+                    await comm.broadcast_object({"lr": 0.1}, root=0)
             else:
                 dtype = np.float64 if r == 2 else np.float32
                 await comm.alltoallv([np.ones((k + 1, 2), dtype) for k in range(n)])
@@ -189,6 +202,11 @@ UNEVEN_SCRIPT = """
     [
         ("allgatherv", "allgatherv float32[rows, 3] #1", "allgatherv float32[rows, 2] #1"),
         ("alltoallv", "alltoallv float64[rows, 2] #1", "alltoallv float32[rows, 2] #1"),
+        (
+            "broadcast_object",
+            "allreduce(sum) int64[1] #1",
+            "broadcast(root=0) int64[1] #1 (in broadcast_object)",
+        ),
     ],
 )
 def test_trioring_run_names_the_rank_whose_uneven_call_differs(
@@ -196,8 +214,9 @@ def test_trioring_run_names_the_rank_whose_uneven_call_differs(
 ) -> None:
     """Four processes over Unix sockets with the one-host paths: rank 2's allgatherv has
     another trailing shape (seen in the counts that every rank reads from the segment), or
-    its alltoallv another dtype (seen in its frames). Whichever rank sees it first, the
-    launcher says that rank 2's call, and only rank 2's, differs."""
+    its alltoallv another dtype (seen in its frames), or it calls an allreduce where the
+    others call broadcast_object. Whichever rank sees it first, the launcher says that rank
+    2's call, and only rank 2's, differs, in the words of the method each rank called."""
     script = write_script(tmp_path, UNEVEN_SCRIPT)
     result = run_launcher(tmp_path, "-n", "4", "--grace", "30", str(script), collective)
     assert result.returncode == 1, result.stderr
@@ -205,3 +224,104 @@ def test_trioring_run_names_the_rank_whose_uneven_call_differs(
     expected += f"ranks 0, 1, 3: {good})"
     assert expected in result.stderr.splitlines(), result.stderr
     assert re.search(r"trioring run: rank \d exited with code 1 \(first failure\)", result.stderr)
+
+
+def test_a_step_of_another_method_names_it() -> None:
+    step = OpSpec(Kind.BROADCAST, 1, DTYPE_CODES[np.dtype(np.int64)], 1, root=0)
+    assert step._replace(within="broadcast_object").describe() == (
+        "broadcast(root=0) int64[1] #1 (in broadcast_object)"
+    )
+    assert step._replace(within="broadcast_object").named() == "broadcast #1 (in broadcast_object)"
+    assert step.named() == "broadcast #1"
+    uneven = OpSpec(Kind.ALLGATHERV, 2, DTYPE_CODES[np.dtype(np.uint8)], 2, trailing=())
+    assert uneven._replace(within="allgather_object").describe() == (
+        "allgatherv uint8[rows] #2 (in allgather_object)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("odd", "good", "step"),
+    [
+        pytest.param(
+            lambda c: c.allreduce(np.ones(1, np.int64)),
+            lambda c: c.broadcast_object({"lr": 0.1}, root=0),
+            "broadcast(root=0) int64[1] #1 (in broadcast_object)",
+            id="broadcast_object",
+        ),
+        pytest.param(
+            lambda c: c.allgather(np.ones(3)),
+            lambda c: c.allgather_object([c.rank]),
+            "allgatherv uint8[rows] #1 (in allgather_object)",
+            id="allgather_object",
+        ),
+        pytest.param(
+            lambda c: c.gatherv(np.ones(2), root=0),
+            lambda c: c.gather_object(c.rank, root=0),
+            "gatherv(root=0) uint8[rows] #1 (in gather_object)",
+            id="gather_object",
+        ),
+    ],
+)
+async def test_a_mismatch_names_the_object_method_that_was_called(
+    odd: Callable[[Communicator], Awaitable[object]],
+    good: Callable[[Communicator], Awaitable[object]],
+    step: str,
+) -> None:
+    """Rank 2 calls an array collective where the others call an object collective: each
+    of the others names its own call as the step of the method it called; rank 2's call,
+    and what the others saw of it in rank 2's frames, are named plainly."""
+    async with open_local_world(4) as comms:
+        errors = await errors_when_one_differs(comms, 2, odd, good)
+    assert sorted(errors) == [0, 1, 2, 3]
+    for rank, exc in errors.items():
+        assert isinstance(exc, trioring.CollectiveMismatchError), repr(exc)
+        if rank in exc.calls:
+            named = exc.calls[rank]
+            assert (named == step) == (rank != 2), (rank, named)
+        assert "(in " not in exc.calls.get(2, ""), str(exc)
+    assert any(rank in exc.calls for rank, exc in errors.items() if rank != 2), errors
+
+
+async def test_a_cancelled_step_names_the_object_method(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Rank 1's broadcast_object is cancelled while it waits for the root: its warning,
+    the note on its Cancelled, the root's PeerAbortedError and rank 1's next call all name
+    the broadcast as a step of broadcast_object. The task's later calls are its own again."""
+    caplog.set_level(logging.WARNING, logger="trioring")
+    step = "broadcast #1 (in broadcast_object)"
+    async with open_local_world(2) as comms:
+        root_may_start = trio.Event()
+        cancelled: list[BaseException] = []
+        root_error: list[BaseException] = []
+
+        async def root(comm: Communicator) -> None:
+            await root_may_start.wait()
+            with pytest.raises(trioring.PeerAbortedError) as info:
+                await comm.broadcast_object([1, 2], root=0)
+            root_error.append(info.value)
+
+        async def other(comm: Communicator, scope: trio.CancelScope) -> None:
+            try:
+                with scope:
+                    await comm.broadcast_object(None, root=0)
+            finally:
+                root_may_start.set()
+            assert scope.cancelled_caught
+            with pytest.raises(trioring.CommunicatorBrokenError) as info:
+                await comm.barrier()
+            cancelled.append(info.value)
+
+        scope = trio.CancelScope()
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(root, comms[0])
+                nursery.start_soon(other, comms[1], scope)
+                await trio.testing.wait_all_tasks_blocked()
+                scope.cancel()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any(w.startswith(f"rank 1: {step} cancelled after ") for w in warnings), warnings
+    assert f"rank 1 cancelled {step} after " in str(root_error[0]), str(root_error[0])
+    broken = str(cancelled[0])
+    assert broken.startswith("rank 1: barrier #2: the communicator is broken since"), broken
+    assert step in broken, broken

@@ -7,6 +7,8 @@ methods live in :mod:`trioring._communicator` and the family modules of
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import enum
 import functools
 import hashlib
@@ -40,12 +42,12 @@ from ._p2p import Scope
 from ._wire import NO_ROOT, AbortKind, Kind, OpSpec
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Awaitable, Callable, Iterator
 
     from ._collectives._checks import Plan
     from ._family import Family
 
-__all__ = ["DEFAULT_CHUNK_BYTES", "CommunicatorCore", "State"]
+__all__ = ["DEFAULT_CHUNK_BYTES", "CommunicatorCore", "State", "steps_of"]
 
 #: Bytes per frame of bulk data. Large enough that per-frame costs vanish, small enough that a
 #: ring step streams (and that the reusable scratch buffer stays small).
@@ -56,6 +58,24 @@ _logger = logging.getLogger("trioring")
 _PAGE = 4096
 
 _R = TypeVar("_R")
+
+#: The method whose steps the current task's collectives are (``broadcast_object``, whose
+#: steps are broadcasts), for the messages about them: a user who never called a broadcast
+#: is told which call of theirs it was. A context variable, so it is the task's own (Trio
+#: gives each task a copy of its parent's context): another task's call is not named so.
+_WITHIN: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "trioring_within", default=None
+)
+
+
+@contextlib.contextmanager
+def steps_of(method: str) -> Iterator[None]:
+    """The collectives this task calls inside the block are steps of ``method``."""
+    token = _WITHIN.set(method)
+    try:
+        yield
+    finally:
+        _WITHIN.reset(token)
 
 
 def comm_id(key: str) -> int:
@@ -152,7 +172,9 @@ class CommunicatorCore:
         return result
 
     def _where(self, kind: Kind, seq: int | None = None) -> str:
-        return f"rank {self._rank}: {kind.label} #{self._seq + 1 if seq is None else seq}"
+        where = f"rank {self._rank}: {kind.label} #{self._seq + 1 if seq is None else seq}"
+        within = _WITHIN.get()
+        return where if within is None else f"{where} (in {within})"
 
     def _invalid(self, kind: Kind, message: str) -> InvalidArgumentError:
         return InvalidArgumentError(
@@ -286,7 +308,7 @@ class CommunicatorCore:
         # stays usable.
         await trio.lowlevel.checkpoint_if_cancelled()
         self._seq += 1
-        spec = OpSpec(kind, self._seq, dtype_code, count, op_code, root, trailing)
+        spec = OpSpec(kind, self._seq, dtype_code, count, op_code, root, trailing, _WITHIN.get())
         self._running = spec
         waits = self._waits.count
         try:
@@ -319,7 +341,7 @@ class CommunicatorCore:
                 # Cancelled: so say here, on the Cancelled, in the abort frame and in every
                 # later call's error, what was cancelled and whom it was waiting for. Only
                 # now is that worked out, from what the waits left behind.
-                what = f"{kind.label} #{spec.seq}"
+                what = spec.named()
                 detail = _algorithms.interrupted_wait(self._world, spec)
                 self._cancelled = (what, detail)
                 message = f"rank {self._rank}: {what} cancelled{detail}"

@@ -39,7 +39,7 @@ class LinkErrors:
         )
 
     def _context(self, spec: OpSpec) -> str:
-        return f"rank {self.rank}: {spec.kind.label} #{spec.seq}"
+        return f"rank {self.rank}: {spec.named()}"
 
     def memory_failed(self, spec: OpSpec, error: OSError) -> PeerFailedError:
         """The error for a failed cross-memory read from this link's peer."""

@@ -141,6 +141,16 @@ class OpSpec(NamedTuple):
     #: alltoallv), the shape of their arrays after the rows, so that a rank names its own
     #: call as ``allgatherv float32[rows, 3] #4`` (see :meth:`describe`).
     trailing: tuple[int, ...] | None = None
+    #: Not on the wire: the method the caller called, where this call is one step of it
+    #: (``broadcast_object``, whose steps are broadcasts), so that every message about the
+    #: call names what the caller wrote as well (see :meth:`named`).
+    within: str | None = None
+
+    def named(self) -> str:
+        """``allgatherv #4``, or ``allgatherv #4 (in allgather_object)``."""
+        if self.within is None:
+            return f"{self.kind.label} #{self.seq}"
+        return f"{self.kind.label} #{self.seq} (in {self.within})"
 
     def describe(self, rows: int | None = None) -> str:
         """``allreduce(sum) float32[1000] #17``, ``broadcast(root=0) ...``, ``barrier #3``,
@@ -148,7 +158,13 @@ class OpSpec(NamedTuple):
         differ by rank; ``float32[2, 3]`` given ``rows``), or, from a peer's frame, where
         only the number of dimensions travels (the count of those calls' first frames,
         whose identity the ranks compare; the frames of their data, which follow from
-        counts every rank agreed, carry totals), ``allgatherv float32[rows, *] #4``."""
+        counts every rank agreed, carry totals), ``allgatherv float32[rows, *] #4``; a step
+        of another method ends with it: ``broadcast(root=0) int64[1] #1 (in
+        broadcast_object)`` (only this rank knows: a peer's frames do not say)."""
+        text = self._describe(rows)
+        return text if self.within is None else f"{text} (in {self.within})"
+
+    def _describe(self, rows: int | None) -> str:
         if (self.kind is Kind.BARRIER and not self.dtype_code) or self.kind in _OWN_DATA:
             return f"{self.kind.label} #{self.seq}"
         label = self.kind.label
@@ -241,7 +257,7 @@ def abort_error(
 ) -> CollectiveError:
     """The exception a rank raises on receiving an abort frame from ``sender``, carrying what
     to tell its own peers in turn."""
-    where = f"rank {rank}: {spec.kind.label} #{spec.seq}"
+    where = f"rank {rank}: {spec.named()}"
     label = spec.kind.label
     about_self = subject == rank
     error: CollectiveError

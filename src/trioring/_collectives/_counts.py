@@ -48,7 +48,7 @@ def mismatch(
 def impossible_counts(world: World, spec: OpSpec, peer: int, vector: np.ndarray) -> ProtocolError:
     """``peer`` sent counts no rank could have sent (negative sizes)."""
     return ProtocolError(
-        f"rank {world.rank}: {spec.kind.label} #{spec.seq}: from peer rank {peer}: "
+        f"rank {world.rank}: {spec.named()}: from peer rank {peer}: "
         f"impossible counts {vector.tolist()}",
         rank=world.rank,
         peer=peer,

@@ -536,7 +536,7 @@ def _check_header(world: World, spec: OpSpec, h: list[int], root: int) -> list[i
         or (h[_FORM] == _ARRAY and h[_COUNT] < 0)
     ):
         raise ProtocolError(
-            f"rank {r}: {spec.kind.label} #{spec.seq}: no valid header from root {root}: {h}",
+            f"rank {r}: {spec.named()}: no valid header from root {root}: {h}",
             rank=r,
             peer=root,
             job_id=job_id(world),

@@ -11,7 +11,7 @@ import numpy as np
 from .. import _objects
 from .._collectives import _checks
 from .._concurrency import is_cancellation
-from .._core import CommunicatorCore, State
+from .._core import CommunicatorCore, State, steps_of
 from .._errors import InvalidArgumentError, ProtocolError
 from .._wire import Kind, OpSpec
 
@@ -108,7 +108,9 @@ class ObjectMethods(CommunicatorCore):
         then a :meth:`broadcast` of the encoding (``uint8``). Every rank must call
         ``broadcast_object`` at the same point of its sequence of collectives. If the call is
         cancelled between the two, the communicator is broken (as for a cancellation
-        inside a collective), so that no peer waits for the second.
+        inside a collective), so that no peer waits for the second. Errors and
+        cancellations name each step with this method: ``broadcast(root=0) int64[1] #1 (in
+        broadcast_object)`` (likewise for the other object collectives).
 
         Args:
             obj: on ``root``, the object to send; ignored elsewhere.
@@ -131,7 +133,8 @@ class ObjectMethods(CommunicatorCore):
         is_root = self._rank == root
         data = self._encoded(label, obj) if is_root else None
         size = np.array([0 if data is None else data.size], np.int64)
-        await comm.broadcast(size, root=root)
+        with steps_of(label):
+            await comm.broadcast(size, root=root)
         if data is None:
             nbytes = int(size[0])
             if nbytes < _objects.MIN_ENCODED_BYTES:
@@ -147,7 +150,8 @@ class ObjectMethods(CommunicatorCore):
         # the first, before any I/O, which would leave the peers waiting for it: break.
         seq = self._seq
         try:
-            await comm.broadcast(data, root=root)
+            with steps_of(label):
+                await comm.broadcast(data, root=root)
         except BaseException as exc:
             if is_cancellation(exc) and self._seq == seq and self._state is State.OPEN:
                 await self._break(exc, OpSpec(Kind.BROADCAST, seq + 1))
@@ -177,7 +181,8 @@ class ObjectMethods(CommunicatorCore):
         """
         label = "allgather_object"
         data = self._encoded(label, obj)
-        parts = await cast("Communicator", self).allgatherv(data)
+        with steps_of(label):
+            parts = await cast("Communicator", self).allgatherv(data)
         return [
             await self._decoded(label, Kind.ALLGATHERV, part, source)
             for source, part in enumerate(parts)
@@ -207,7 +212,8 @@ class ObjectMethods(CommunicatorCore):
         label = "gather_object"
         root = self._checked_root(label, root)
         data = self._encoded(label, obj)
-        parts = await cast("Communicator", self).gatherv(data, root=root)
+        with steps_of(label):
+            parts = await cast("Communicator", self).gatherv(data, root=root)
         if parts is None:
             return None
         return [
