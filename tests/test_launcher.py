@@ -11,6 +11,7 @@ launcher has exited: each reported pid must be gone.
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import platform
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from trioring._launcher import THREADS_NOTE
+from trioring._launcher import THREADS_NOTE, _Supervisor
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -592,6 +593,7 @@ def test_second_signal_skips_the_grace_period(job: Job) -> None:
         (["-n", "2", "--"], "missing TARGET"),
         (["-n", "2", "--grace", "-1", "x.py"], "must be a finite number"),
         (["-n", "2", "--transport", "carrier-pigeon", "x.py"], "invalid choice"),
+        (["-n", "2", "no-such-script.py"], "no such script: no-such-script.py (for a module"),
     ],
 )
 def test_usage_errors(job: Job, options: list[str], message: str) -> None:
@@ -599,6 +601,34 @@ def test_usage_errors(job: Job, options: list[str], message: str) -> None:
     assert status == 2
     assert message in stderr
     assert not job.reports()
+
+
+class _Exited:
+    """What the summary reads of a rank's process."""
+
+    def __init__(self, returncode: int) -> None:
+        self.returncode = returncode
+        self.pid = 0
+
+
+def test_ranks_that_failed_before_the_others_were_stopped_are_named() -> None:
+    """Every rank fails alike at once (a bad argument): rank 0's exit is seen first, ranks
+    1 and 2 have exited too by the time the launcher stops the rest, rank 3 is stopped.
+    The summary names ranks 1 and 2 as failures of their own, not only rank 3 as stopped."""
+    stderr = io.StringIO()
+    exits: list[Any] = [_Exited(2), _Exited(2), _Exited(2), _Exited(-signal.SIGTERM)]
+    supervisor = _Supervisor(
+        processes=exits,
+        grace=5.0,
+        stderr=stderr,
+        first_failure=(0, 2),
+        terminated=[3],
+    )
+    assert supervisor._report() == 2
+    assert stderr.getvalue() == (
+        "trioring run: rank 0 exited with code 2 (first failure); ranks 1, 2 failed on their "
+        "own too; terminated ranks 3\n"
+    )
 
 
 def test_console_script_runs_the_launcher(job: Job) -> None:

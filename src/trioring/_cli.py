@@ -179,6 +179,9 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         program = program[1:]
     if not program:
         parser.error("missing TARGET (a script path, or a module name with -m)")
+    if not args.module and not os.path.exists(program[0]):
+        # Said once, rather than by every rank's interpreter.
+        parser.error(f"no such script: {program[0]} (for a module, use -m)")
     spec = LaunchSpec.for_python(
         program[0],
         program[1:],

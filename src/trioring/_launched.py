@@ -166,6 +166,33 @@ def read_calls(run_dir: str, pid: int) -> dict[int, str]:
     return calls
 
 
+def read_echo(run_dir: str, pid: int) -> frozenset[int] | None:
+    """The ranks that the process ``pid`` said its failure only echoes (see :func:`install`), or
+    None if it said nothing (a failure of its own, as far as we can tell)."""
+    path = os.path.join(run_dir, f"{pid}{ECHO_SUFFIX}")
+    try:
+        with open(path, encoding="utf-8") as file:
+            report = json.load(file)
+        ranks = report["echoes"]
+        if not (isinstance(ranks, list) and ranks and all(type(r) is int for r in ranks)):
+            return None
+        return frozenset(ranks)
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+
+
+def read_error(run_dir: str, pid: int) -> str | None:
+    """The one-line error that the process ``pid`` said it exited on (see :func:`install`), or
+    None if it said none."""
+    path = os.path.join(run_dir, f"{pid}{ERROR_SUFFIX}")
+    try:
+        with open(path, encoding="utf-8") as file:
+            line = json.load(file)["error"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    return line if isinstance(line, str) and line else None
+
+
 def echo_line(exc: BaseException, ranks: frozenset[int]) -> str:
     return (
         f"{_summary(exc)} [traceback omitted by trioring run: this error only "

@@ -41,7 +41,6 @@ Contract of :func:`launch`:
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import secrets
@@ -57,13 +56,13 @@ import attrs
 import trio
 
 from ._launched import (
-    ECHO_SUFFIX,
-    ERROR_SUFFIX,
     RUN_DIR_VARIABLE,
     left_early,
     note_calls,
     odd_calls,
     read_calls,
+    read_echo,
+    read_error,
 )
 
 if TYPE_CHECKING:
@@ -272,33 +271,6 @@ def rank_environment(
     return env
 
 
-def _read_echo(run_dir: str, pid: int) -> frozenset[int] | None:
-    """The ranks that the process ``pid`` said its failure only echoes (see ``_launched``), or
-    None if it said nothing (a failure of its own, as far as we can tell)."""
-    path = os.path.join(run_dir, f"{pid}{ECHO_SUFFIX}")
-    try:
-        with open(path, encoding="utf-8") as file:
-            report = json.load(file)
-        ranks = report["echoes"]
-        if not (isinstance(ranks, list) and ranks and all(type(r) is int for r in ranks)):
-            return None
-        return frozenset(ranks)
-    except (OSError, ValueError, TypeError, KeyError):
-        return None
-
-
-def _read_error(run_dir: str, pid: int) -> str | None:
-    """The one-line error that the process ``pid`` said it exited on (see ``_launched``), or
-    None if it said none."""
-    path = os.path.join(run_dir, f"{pid}{ERROR_SUFFIX}")
-    try:
-        with open(path, encoding="utf-8") as file:
-            line = json.load(file)["error"]
-    except (OSError, ValueError, TypeError, KeyError):
-        return None
-    return line if isinstance(line, str) and line else None
-
-
 def _rank_list(ranks: Iterable[int]) -> str:
     ordered = sorted(ranks)
     return ("rank " if len(ordered) == 1 else "ranks ") + ", ".join(map(str, ordered))
@@ -357,7 +329,7 @@ class _Supervisor:
 
     def _echo_of(self, rank: int) -> frozenset[int] | None:
         if rank not in self.echoes and self.run_dir is not None:
-            echoed = _read_echo(self.run_dir, self.processes[rank].pid)
+            echoed = read_echo(self.run_dir, self.processes[rank].pid)
             if echoed is not None:
                 self.echoes[rank] = echoed
         return self.echoes.get(rank)
@@ -368,7 +340,7 @@ class _Supervisor:
         # and which failed on an error of their own meanwhile.
         echoed = self._echo_of(rank) if returncode != 0 else None
         if returncode != 0 and echoed is None and self.run_dir is not None:
-            error = _read_error(self.run_dir, process.pid)
+            error = read_error(self.run_dir, process.pid)
             if error is not None:
                 self.errors[rank] = error
         if returncode != 0 and self.run_dir is not None:
@@ -462,8 +434,19 @@ class _Supervisor:
                 parts.append(f"{_rank_list(echoed)} failed because another rank did")
         # A rank that reported an echo after SIGTERM exited on its own: it is listed above;
         # so is one that was already exiting on an error of its own (another rank of a
-        # mismatched call, say, which saw the mismatch itself).
-        also = [rank for rank in self.terminated if rank in self.errors and rank not in echoed]
+        # mismatched call, say, which saw the mismatch itself), and one that had failed
+        # before the others were stopped (every rank failing alike, at once).
+        also = [
+            rank
+            for rank, process in enumerate(self.processes)
+            if rank != first
+            and rank not in echoed
+            and (
+                rank in self.errors
+                if rank in self.terminated
+                else process.returncode not in (0, None)
+            )
+        ]
         if also:
             parts.append(
                 f"{_rank_list(also)} failed on {'its' if len(also) == 1 else 'their'} own too"
