@@ -52,7 +52,7 @@ RANK_SCRIPT = textwrap.dedent(
         signal.signal(signal.SIGTERM, lambda *_: (out / f"term{rank}").touch())
     if kind == "exit-on-term":
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(int(arg)))
-    if kind in ("echo", "raise", "raise-on-term", "mismatch", "mismatch-on-term"):
+    if kind in ("echo", "raise", "raise-on-term", "mismatch", "mismatch-on-term", "interrupt"):
         import trioring  # installs the launcher's excepthook (trioring._launched)
 
     def mismatched():
@@ -145,9 +145,11 @@ RANK_SCRIPT = textwrap.dedent(
     if kind == "mismatch":
         wait_for_peers()
         raise mismatched()
-    if kind in ("block", "stubborn", "exit-on-term", "raise-on-term", "mismatch-on-term"):
+    if kind in (
+        "block", "stubborn", "exit-on-term", "raise-on-term", "mismatch-on-term", "interrupt"
+    ):  # fmt: skip
         while True:
-            signal.pause()
+            signal.pause()  # "interrupt": Python's own SIGINT handler raises KeyboardInterrupt
     sys.exit(98)
     """
 )
@@ -199,6 +201,7 @@ class Job:
         env: dict[str, str] | None = None,
         *,
         omp_threads: str | None = "1",
+        new_session: bool = False,
     ) -> subprocess.Popen[str]:
         """Start the launcher with ``env`` (default: ours) and OMP_NUM_THREADS set to
         ``omp_threads`` (None: unset), so that whether the launcher notes setting it does
@@ -218,6 +221,7 @@ class Job:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            start_new_session=new_session,
         )
         self.launchers.append(process)
         return process
@@ -546,6 +550,27 @@ def test_signal_to_launcher_stops_everything(job: Job, signum: signal.Signals) -
     job.assert_no_rank_alive()
 
 
+def test_ctrl_c_reaching_every_rank_is_no_failure_of_theirs(job: Job) -> None:
+    """Ctrl-C in a terminal sends SIGINT to the launcher and to every rank (one process
+    group): each rank's KeyboardInterrupt is not reported as a failure of its own, and the
+    ranks it ended before the launcher stopped them are said to have been killed by it."""
+    launcher = job.start(job.argv(3, {"default": "interrupt"}), new_session=True)
+    job.wait_reports(3)
+    os.killpg(launcher.pid, signal.SIGINT)
+    _, stderr = launcher.communicate(timeout=DEADLINE_S)
+    assert launcher.returncode == 128 + signal.SIGINT, stderr
+    summary = stderr.splitlines()[-1]
+    assert re.fullmatch(
+        r"trioring run: (received SIGINT|rank \d was killed by SIGINT, exit code 130 \(first "
+        r"failure\))(; ranks? [\d, ]+ (was|were) killed by SIGINT too)?(; terminated ranks "
+        r"[\d, ]+)?",
+        summary,
+    ), stderr
+    for wrong in ("raised KeyboardInterrupt", "on its own", "on their own"):
+        assert wrong not in stderr, stderr
+    job.assert_no_rank_alive()
+
+
 def test_inherited_ignored_signal_stays_ignored(job: Job) -> None:
     # As under nohup: the launcher starts with SIGHUP ignored.
     nohup = (
@@ -611,24 +636,46 @@ class _Exited:
         self.pid = 0
 
 
-def test_ranks_that_failed_before_the_others_were_stopped_are_named() -> None:
-    """Every rank fails alike at once (a bad argument): rank 0's exit is seen first, ranks
-    1 and 2 have exited too by the time the launcher stops the rest, rank 3 is stopped.
-    The summary names ranks 1 and 2 as failures of their own, not only rank 3 as stopped."""
+def _summary(returncodes: list[int], **state: Any) -> tuple[int, str]:
     stderr = io.StringIO()
-    exits: list[Any] = [_Exited(2), _Exited(2), _Exited(2), _Exited(-signal.SIGTERM)]
-    supervisor = _Supervisor(
-        processes=exits,
-        grace=5.0,
-        stderr=stderr,
-        first_failure=(0, 2),
-        terminated=[3],
+    exits: list[Any] = [_Exited(code) for code in returncodes]
+    status = _Supervisor(processes=exits, grace=5.0, stderr=stderr, **state)._report()
+    return status, stderr.getvalue()
+
+
+def test_ranks_that_ended_before_the_others_were_stopped_are_named() -> None:
+    """Every rank fails alike at once (a bad argument): rank 0's exit is seen first; ranks
+    1 and 2 have ended too by the time the launcher stops the rest (rank 1 on an error it
+    reported, rank 2 without a word); rank 3 is stopped. The summary says how each ended,
+    where it named only rank 3."""
+    sigterm = -signal.SIGTERM
+    status, stderr = _summary(
+        [2, 2, 2, sigterm], first_failure=(0, 2), terminated=[3], errors={1: "ValueError: x"}
     )
-    assert supervisor._report() == 2
-    assert stderr.getvalue() == (
-        "trioring run: rank 0 exited with code 2 (first failure); ranks 1, 2 failed on their "
-        "own too; terminated ranks 3\n"
+    assert status == 2
+    assert stderr == (
+        "trioring run: rank 0 exited with code 2 (first failure); rank 1 failed on its own "
+        "too; rank 2 exited with code 2 too; terminated ranks 3\n"
     )
+    _, stderr = _summary([1, 1, 1], first_failure=(2, 1))
+    assert stderr.endswith(
+        ": rank 2 exited with code 1 (first failure); ranks 0, 1 exited with code 1 too\n"
+    )
+
+
+def test_ranks_killed_by_the_signal_the_launcher_got_are_named_so() -> None:
+    """Ctrl-C in a terminal reaches the ranks as well as the launcher: those it killed
+    before the launcher stopped them are said to have been killed by it."""
+    sigint = -signal.SIGINT
+    status, stderr = _summary(
+        [sigint, sigint, -signal.SIGTERM], received_signal=signal.SIGINT, terminated=[2]
+    )
+    assert status == 128 + signal.SIGINT
+    assert stderr == (
+        "trioring run: received SIGINT; ranks 0, 1 were killed by SIGINT too; terminated ranks 2\n"
+    )
+    _, stderr = _summary([sigint], received_signal=signal.SIGINT)
+    assert stderr == "trioring run: received SIGINT; rank 0 was killed by SIGINT too\n"
 
 
 def test_console_script_runs_the_launcher(job: Job) -> None:

@@ -20,6 +20,9 @@ printed 130 lines and 9 tracebacks). So, in a process whose environment has
 * For a :class:`~trioring.CollectiveMismatchError`, seen or relayed, either file also
   carries the calls it names by world rank (a relayed one: this rank's own), from which the
   launcher tells whose call differs from the others'.
+* A ``KeyboardInterrupt`` (Ctrl-C, which reaches every rank of a job started from a
+  terminal) is printed as Python prints it, and the launcher is told nothing: it is no
+  failure of the rank's own, and the rank exits by ``SIGINT``, which the launcher reads.
 * Either way the process first ignores ``SIGTERM``: it is exiting already, and a ``SIGTERM``
   from the launcher stopping the job must not cut its report off half-way (the launcher's
   ``SIGKILL`` after the grace period still ends a rank that hangs in a hook).
@@ -228,6 +231,11 @@ def install() -> None:
         exc_type: type[BaseException], exc: BaseException, tb: TracebackType | None
     ) -> None:
         _ignore_sigterm()
+        if isinstance(exc, KeyboardInterrupt):
+            # Ctrl-C, which a terminal sends to every rank and to the launcher alike: no
+            # failure of this rank's own. It exits by SIGINT, which the launcher reads.
+            previous(exc_type, exc, tb)
+            return
         ranks = echoed_ranks(exc)
         # A mismatch's calls go with either report (a relayed one: this rank's own call).
         calls = mismatched_calls(exc)

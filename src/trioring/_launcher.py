@@ -204,6 +204,13 @@ def _describe_exit(returncode: int) -> str:
     return f"exited with code {returncode}"
 
 
+def _ended_as(returncode: int, ranks: int) -> str:
+    """``exited with code 2``, or ``was killed by SIGINT`` (``were``, said of several ranks)."""
+    if returncode < 0:
+        return f"{'was' if ranks == 1 else 'were'} killed by {_signal_name(-returncode)}"
+    return f"exited with code {returncode}"
+
+
 def _listening_socket(host: str) -> socket.socket:
     # The launcher binds and listens itself and hands the socket to rank 0
     # (TRIORING_LISTEN_FD), so there is no window between finding a free port and binding it
@@ -433,28 +440,30 @@ class _Supervisor:
             else:
                 parts.append(f"{_rank_list(echoed)} failed because another rank did")
         # A rank that reported an echo after SIGTERM exited on its own: it is listed above;
-        # so is one that was already exiting on an error of its own (another rank of a
-        # mismatched call, say, which saw the mismatch itself), and one that had failed
-        # before the others were stopped (every rank failing alike, at once).
+        # so is one that was exiting, or had exited, on an error of its own (another rank of
+        # a mismatched call, say, which saw the mismatch itself).
         also = [
             rank
-            for rank, process in enumerate(self.processes)
-            if rank != first
-            and rank not in echoed
-            and (
-                rank in self.errors
-                if rank in self.terminated
-                else process.returncode not in (0, None)
-            )
+            for rank in range(len(self.processes))
+            if rank in self.errors and rank != first and rank not in echoed
         ]
         if also:
             parts.append(
                 f"{_rank_list(also)} failed on {'its' if len(also) == 1 else 'their'} own too"
             )
+        # Ranks that had ended before the others were stopped, with no word of why (every
+        # rank failing alike at once, or killed by the same signal): how each ended.
+        ended: dict[int, list[int]] = {}
+        for rank, process in enumerate(self.processes):
+            code = process.returncode
+            if code and rank not in self.terminated and rank not in (first, *echoed, *also):
+                ended.setdefault(code, []).append(rank)
+        for code, ranks in ended.items():
+            parts.append(f"{_rank_list(ranks)} {_ended_as(code, len(ranks))} too")
         terminated = [rank for rank in self.terminated if rank not in echoed and rank not in also]
         if terminated:
             parts.append("terminated ranks " + ", ".join(map(str, terminated)))
-        elif not echoed and not also:
+        elif not echoed and not also and not ended:
             parts.append("no other rank was running")
         if self.killed:
             when = (
