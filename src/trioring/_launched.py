@@ -150,7 +150,8 @@ def left_early(echoes: Mapping[int, frozenset[int]], exits: Sequence[int | None]
         if 0 <= blamed < len(exits) and exits[blamed] == 0:
             waiting = [rank for rank, ranks in echoes.items() if blamed in ranks]
             lines.append(
-                f"rank {blamed} exited with code 0 before {_ranks(waiting)}, which failed waiting for it"
+                f"rank {blamed} exited with code 0 before {_ranks(waiting)}, which failed "
+                "waiting for it"
             )
     return lines
 
