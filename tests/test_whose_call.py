@@ -26,7 +26,7 @@ import trio.testing
 
 import trioring
 from launched import run_launcher, write_script
-from local_runs import errors_when_one_differs
+from local_runs import errors_when_one_differs, on_every_rank
 from trioring._launched import note_calls, odd_calls
 from trioring._wire import DTYPE_CODES, Kind, OpSpec
 from trioring.testing import open_local_world
@@ -325,3 +325,40 @@ async def test_a_cancelled_step_names_the_object_method(
     broken = str(cancelled[0])
     assert broken.startswith("rank 1: barrier #2: the communicator is broken since"), broken
     assert step in broken, broken
+
+
+async def test_another_tasks_call_is_not_named_a_step() -> None:
+    """While one task of each rank is inside allgather_object (waiting: rank 0 joins it
+    last), another task's allreduce on a dup of the communicator meets a mismatch: its
+    errors name the allreduce alone, the method being the other task's."""
+    errors: dict[int, BaseException] = {}
+    mismatches_seen = trio.Event()
+
+    async def objects(comm: Communicator) -> None:
+        if comm.rank == 0:
+            await mismatches_seen.wait()
+        assert await comm.allgather_object(comm.rank) == [0, 1, 2]
+
+    async def arrays(side: Communicator) -> None:
+        dtype = np.float64 if side.rank == 2 else np.float32
+        # Once ranks 1 and 2 are inside allgather_object, and rank 0 waits to join it.
+        await trio.testing.wait_all_tasks_blocked()
+        try:
+            await side.allreduce(np.ones(2, dtype))
+        except trioring.CollectiveMismatchError as exc:
+            errors[side.rank] = exc
+        if len(errors) == 3:
+            mismatches_seen.set()
+
+    async def rank(comm: Communicator) -> None:
+        async with comm.dup() as side, trio.open_nursery() as nursery:
+            nursery.start_soon(objects, comm)
+            nursery.start_soon(arrays, side)
+
+    async with open_local_world(3) as comms:
+        with trio.fail_after(10):
+            await on_every_rank(comms, rank)
+    assert sorted(errors) == [0, 1, 2]
+    for exc in errors.values():
+        assert "allreduce(sum) float" in str(exc), str(exc)
+        assert "(in " not in str(exc), str(exc)
