@@ -442,11 +442,7 @@ class _Supervisor:
         # A rank that reported an echo after SIGTERM exited on its own: it is listed above;
         # so is one that was exiting, or had exited, on an error of its own (another rank of
         # a mismatched call, say, which saw the mismatch itself).
-        also = [
-            rank
-            for rank in range(len(self.processes))
-            if rank in self.errors and rank != first and rank not in echoed
-        ]
+        also = sorted(rank for rank in self.errors if rank != first and rank not in echoed)
         if also:
             parts.append(
                 f"{_rank_list(also)} failed on {'its' if len(also) == 1 else 'their'} own too"
