@@ -109,10 +109,42 @@ def test_fuzz_decoder() -> None:
 
 
 def test_left_round_trip_and_stray_fields() -> None:
-    from trioring._p2p._frames import HEADER, MAGIC, VERSION, FrameType, decode_header, pack_left
+    from trioring._p2p._frames import (
+        HEADER,
+        MAGIC,
+        MAX_LEFT_BYTES,
+        VERSION,
+        FrameType,
+        Leaving,
+        decode_header,
+        decode_leaving,
+        pack_left,
+    )
 
-    frame = decode_header(pack_left(2**64 - 1))
-    assert (frame.type, frame.comm_id, frame.msg_id) == (FrameType.LEFT, 2**64 - 1, 0)
-    stray = HEADER.pack(MAGIC, VERSION, FrameType.LEFT, 0, 0, 0, 0, 5, 9, 0, 0, 0)
-    with pytest.raises(ProtocolError, match="LEFT"):
-        decode_header(stray)
+    def round_trip(comm_id: int, why: Leaving | None) -> Leaving | None:
+        data = pack_left(comm_id, why)
+        frame = decode_header(data[: HEADER.size])
+        assert (frame.type, frame.comm_id, frame.msg_id) == (FrameType.LEFT, comm_id, 0)
+        assert len(data) == HEADER.size + frame.nbytes
+        return decode_leaving(data[HEADER.size :], frame)
+
+    assert round_trip(2**64 - 1, None) is None  # a plain close: nothing follows the header
+    assert len(pack_left(7)) == HEADER.size
+    why = Leaving("on ValueError: b\u00e4d batch", culprit=None)
+    assert round_trip(7, why) == why
+    assert round_trip(7, Leaving("on PeerFailedError: ...", culprit=0)) == Leaving(
+        "on PeerFailedError: ...", culprit=0
+    )
+    assert round_trip(7, Leaving("", culprit=5)) == Leaving("", culprit=5)
+    # Cut to the bound, in the middle of a two-byte character: the cut shows, nothing fails.
+    cut = round_trip(7, Leaving("x" + "\u00e4" * MAX_LEFT_BYTES))
+    assert cut == Leaving("x" + "\u00e4" * ((MAX_LEFT_BYTES - 1) // 2) + "\ufffd")
+    for fields in [
+        (0, 0, 0, 0, 5, 9, 0, 0, 0),  # a message id
+        (0, 0, 0, 7, 5, 0, 0, 0, 0),  # a tag
+        (0, 0, 0, 0, 5, 0, 0, 3, 0),  # an offset
+        (0, 0, 0, 0, 5, 0, MAX_LEFT_BYTES + 1, 0, 0),  # too long a reason
+        (0, 0, 0, 0, 5, 0, 0, 0, 2**32 + 1),  # no such rank
+    ]:
+        with pytest.raises(ProtocolError, match="LEFT"):
+            decode_header(HEADER.pack(MAGIC, VERSION, FrameType.LEFT, *fields))

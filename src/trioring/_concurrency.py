@@ -53,6 +53,37 @@ def is_cancellation(exc: BaseException) -> bool:
     return False
 
 
+#: How Trio words the reason of a nursery's cancellation when a child task or the nursery's
+#: own block raised (trio 0.31+): "child task raised exception ValueError('x')", "Code block
+#: inside nursery contextmanager raised exception ValueError('x')".
+_RAISED = " raised exception "
+
+
+def cancel_cause(exc: BaseException) -> str:
+    """Why Trio cancelled ``exc`` (a cancellation), as the end of a sentence, where that is
+    news to a peer: ``", when code beside it raised ValueError('bad batch')"`` when a
+    failure in a sibling task, or in the nursery's own block, made the nursery cancel the
+    rest (a peer told only "rank 2 cancelled allreduce #5" would look for a deadline),
+    ``", by KeyboardInterrupt"``, or a cancel scope's reason where the program gave one.
+    Empty for a deadline, whose time the message already says, and for a scope cancelled
+    without a reason."""
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    if not isinstance(exc, trio.Cancelled):
+        return ""
+    source, reason = exc.source, exc.reason
+    if source == "nursery" and reason:
+        _, raised, error = reason.partition(_RAISED)
+        if raised:
+            return f", when code beside it raised {error}"
+        return f", when its nursery was cancelled ({reason})"
+    if source == "KeyboardInterrupt":
+        return ", by KeyboardInterrupt"
+    if source == "explicit" and reason:
+        return f", by its cancel scope ({reason})"
+    return ""
+
+
 async def run_concurrently(*functions: Callable[[], Awaitable[None]]) -> None:
     """Run ``functions`` as sibling tasks and wait for all of them.
 

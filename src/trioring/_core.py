@@ -21,7 +21,7 @@ import trio
 from . import _algorithms
 from ._collectives import _allreduce, _decision
 from ._collectives._checks import Refused
-from ._concurrency import first_leaf, is_cancellation, run_with_grace
+from ._concurrency import cancel_cause, first_leaf, is_cancellation, run_with_grace
 from ._errors import (
     RANKS_NOTE,
     CollectiveError,
@@ -38,7 +38,7 @@ from ._errors import (
     ranks_note,
 )
 from ._framing import Link, WaitCount
-from ._p2p import Scope
+from ._p2p import Leaving, Scope
 from ._wire import NO_ROOT, AbortKind, Kind, OpSpec
 
 if TYPE_CHECKING:
@@ -135,6 +135,9 @@ class CommunicatorCore:
         self._seq = 0
         self._state = State.OPEN
         self._broken_by: BaseException | None = None
+        #: Why this rank leaves (see _leave_because and _break): told to the peers' pending
+        #: point-to-point calls on this communicator. None: a plain close.
+        self._leaving: Leaving | None = None
         self._running: OpSpec | None = None
         self._waits = WaitCount()
         for link in links.values():
@@ -284,7 +287,9 @@ class CommunicatorCore:
         if self._state is not State.CLOSED:
             was_open = self._state is State.OPEN
             self._state = State.CLOSED
-            await self._family.endpoint.leave(self._scope.comm_id, self._closed_error)
+            await self._family.endpoint.leave(
+                self._scope.comm_id, self._closed_error, self._leaving
+            )
             if was_open:
                 self._say_closing()
             with trio.CancelScope(shield=True):
@@ -342,7 +347,7 @@ class CommunicatorCore:
                 # later call's error, what was cancelled and whom it was waiting for. Only
                 # now is that worked out, from what the waits left behind.
                 what = spec.named()
-                detail = _algorithms.interrupted_wait(self._world, spec)
+                detail = _algorithms.interrupted_wait(self._world, spec) + cancel_cause(exc)
                 self._cancelled = (what, detail)
                 message = f"rank {self._rank}: {what} cancelled{detail}"
                 if self._job_id:
@@ -437,14 +442,30 @@ class CommunicatorCore:
             await self._close_connections()
         if self._state is State.BROKEN:
             # Told to the peers' point-to-point calls when it closes (see leave_later).
-            self._family.endpoint.leave_later(self._scope.comm_id, self._broken_error)
+            self._leaving = self._broke_leaving(exc, spec)
+            self._family.endpoint.leave_later(
+                self._scope.comm_id, self._broken_error, self._leaving
+            )
+
+    def _broke_leaving(self, exc: BaseException, spec: OpSpec) -> Leaving:
+        """What the peers' point-to-point calls on this communicator hear of its breaking
+        (``exc`` in collective ``spec``), naming the rank whose failure it reports."""
+        _, subject, _, _ = self._abort_notice(exc)
+        culprit = self._members[subject] if subject != self._rank else None
+        if is_cancellation(exc):
+            detail = self._cancelled[1] if self._cancelled is not None else ""
+            return Leaving(f"when {spec.named()} was cancelled there{detail}", culprit)
+        text = exc._bare_message if isinstance(exc, TrioringError) else str(exc)
+        return Leaving(f"when {spec.named()} failed there ({type(exc).__name__}: {text})", culprit)
 
     async def _leave_because(self, exc: BaseException) -> None:
         """``exc`` escaped the block that holds this communicator, which closes next: tell
         the peers why first, so that one waiting for this rank in a collective, or calling
         one later, raises :class:`PeerAbortedError` with the reason (or, when ``exc`` only
         reported another rank's failure, :class:`PeerFailedError` naming that rank) instead
-        of a bare closed connection. Sub-communicators first. Nothing for a broken
+        of a bare closed connection; the peers' point-to-point calls that wait for this
+        rank hear the same when it closes (``_leaving``). Sub-communicators first. Nothing
+        for a broken
         communicator (its peers were told when it broke) or a closed one. Shielded: a
         cancellation that is leaving is told too."""
         for child in list(self._children):
@@ -452,6 +473,19 @@ class CommunicatorCore:
         if self._state is not State.OPEN:
             return
         me = self._rank
+        if is_cancellation(exc):
+            why = "cancelled (by its caller's deadline or cancel scope)"
+            said = "on a cancellation (by its caller's deadline or cancel scope)"
+        else:
+            leaf, count = first_leaf(exc)
+            # Without its job id: the peer's error adds its own.
+            text = leaf._bare_message if isinstance(leaf, TrioringError) else str(leaf)
+            why = said = f"on {type(leaf).__name__}" + (f": {text}" if text else "")
+            if leaf is not exc:
+                # A nursery in the block raised its task's failure in a group, whose own
+                # text ("Exceptions from Trio nursery") says nothing.
+                of = f"the first of {count} " if count > 1 else ""
+                why = said = f"{why} ({of}in an exception group)"
         echoed = echoed_ranks(exc)
         if (
             echoed is not None
@@ -464,21 +498,12 @@ class CommunicatorCore:
             text = exc._bare_message if isinstance(exc, TrioringError) else str(exc)
             if (note := ranks_note(exc)) is not None:
                 text += f" [{note}]"
+                said += f" [{note}]"
             notice = (AbortKind.FAILED, members.index(culprit), text, me)
+            self._leaving = Leaving(said, culprit)
         else:
-            if is_cancellation(exc):
-                why = "cancelled (by its caller's deadline or cancel scope)"
-            else:
-                leaf, count = first_leaf(exc)
-                # Without its job id: the peer's error adds its own.
-                text = leaf._bare_message if isinstance(leaf, TrioringError) else str(leaf)
-                why = f"on {type(leaf).__name__}" + (f": {text}" if text else "")
-                if leaf is not exc:
-                    # A nursery in the block raised its task's failure in a group, whose own
-                    # text ("Exceptions from Trio nursery") says nothing.
-                    of = f"the first of {count} " if count > 1 else ""
-                    why += f" ({of}in an exception group)"
             notice = (AbortKind.ERROR, me, f"it left its communicator {why}", me)
+            self._leaving = Leaving(said)
         await self._tell_peers(notice, self._seq + 1)
 
     def _say_closing(self) -> None:

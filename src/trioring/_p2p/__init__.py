@@ -9,5 +9,5 @@ from ._engine import (
     MESSAGE_OVERHEAD as MESSAGE_OVERHEAD,
     WINDOW_BYTES as WINDOW_BYTES,
 )
-from ._frames import TAG_BOUND as TAG_BOUND, MessageKind as MessageKind
+from ._frames import TAG_BOUND as TAG_BOUND, Leaving as Leaving, MessageKind as MessageKind
 from ._matching import Scope as Scope

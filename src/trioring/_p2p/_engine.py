@@ -23,6 +23,7 @@ from ._frames import (
     MAX_NDIM,
     TAG_BOUND,
     FrameType,
+    Leaving,
     pack_control,
     pack_credit,
 )
@@ -104,8 +105,9 @@ class Engine:
         self._peers = {w: Peer(w, c, window_bytes) for w, c in connections.items()}
         self._comms: dict[int, CommState] = {}
         self._unregistered: dict[int, Callable[[str], TrioringError]] = {}
-        #: The world ranks that sent LEFT for a communicator id: they closed it.
-        self._left: dict[int, set[int]] = {}
+        #: The world ranks that sent LEFT for a communicator id (they closed it or left it),
+        #: with why (None for a plain close).
+        self._left: dict[int, dict[int, Leaving | None]] = {}
         #: Communicators that broke here, whose LEFT frames are queued, not yet written.
         self._left_behind: dict[int, CommState] = {}
         self._arrivals = 0
@@ -215,7 +217,7 @@ class Engine:
 
     def _all_gone(self, scope: Scope) -> bool:
         """Whether every other member of ``scope`` closed it or failed: nothing can come."""
-        left = self._left.get(scope.comm_id, set())
+        left = self._left.get(scope.comm_id, {})
         for world in scope.members:
             if world == self.rank or world in left:
                 continue
@@ -225,13 +227,28 @@ class Engine:
         return True
 
     def _left_error(self, scope: Scope, what: str, world: int) -> PeerFailedError:
+        """The error of a call that waits for ``world``, which left the communicator: it
+        says why, as the LEFT frame did, and names the culprit where ``world`` left only
+        because another member failed (``peer`` is then the culprit's rank, so that
+        ``trioring run`` blames it; a culprit that is no member is not believed)."""
         rank = scope.members.index(world)
+        why = self._left.get(scope.comm_id, {}).get(world)
+        blamed = rank
+        if why is None:
+            told = f"rank {rank} closed this communicator: nothing more comes from it"
+        else:
+            told = f"rank {rank} left this communicator {why.text}; nothing more comes from it"
+            if why.culprit in scope.members and why.culprit != world:
+                blamed = scope.members.index(why.culprit)
+                told = (
+                    f"rank {rank} left this communicator because of rank {blamed}, {why.text}; "
+                    f"nothing more comes from rank {rank}"
+                )
         error = PeerFailedError(
-            f"{self._where(scope, what, None)}: rank {rank} closed this communicator (or it "
-            "broke there): nothing more comes from it, and it receives nothing more"
+            f"{self._where(scope, what, None)}: {told}, and it receives nothing more"
             f"{self._unreceived(scope, world)}",
             rank=scope.rank,
-            peer=rank,
+            peer=blamed,
             collective=what.partition("(")[0],
             job_id=self.job_id,
         )

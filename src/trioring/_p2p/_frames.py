@@ -18,9 +18,12 @@ REJECT     receiver -> sender: the receive of ``msg id`` was cancelled after its
            receiver discards the message's DATA until RESTART.
 RESTART    sender -> receiver: no more DATA of ``msg id`` follows from before the REJECT; the
            message waits for a CTS again.
-LEFT       the sender closed communicator ``comm id`` (or it broke there): it sends nothing
-           more on it and receives nothing more, so the receiver's calls that wait for it on
-           that communicator raise. The only frame besides EAGER and RTS with a comm id.
+LEFT       the sender closed communicator ``comm id``, or left it on an error, or it broke
+           there: it sends nothing more on it and receives nothing more, so the receiver's
+           calls that wait for it on that communicator raise. The only frame besides EAGER
+           and RTS with a comm id. ``nbytes`` of UTF-8 follow (at most ``MAX_LEFT_BYTES``):
+           why it left, none for a plain close; ``count`` is 1 + the world rank whose
+           failure it left because of, 0 for none.
 =========  ====================================================================================
 
 Message ids count per sender and connection, from 1. Fields a frame type does not use must be
@@ -51,6 +54,8 @@ MAX_NDIM = 32
 #: No message can be larger than this: 2**56 bytes is far beyond any machine's memory, and
 #: keeps every sum of sizes exact in a u64.
 MAX_MESSAGE_BYTES = 2**56
+#: The most a LEFT frame says of why its sender left (as an ABORT frame's reason).
+MAX_LEFT_BYTES = 4096
 _UINT8_CODE = DTYPES.index(np.dtype("uint8")) + 1
 
 
@@ -139,9 +144,11 @@ def decode_header(data: bytes | bytearray | memoryview) -> Frame:
             raise _bad(f"bad {ftype.name} header (offset {offset}, msg id {msg_id})")
         return Frame(ftype, kind, dtype, ndim, tag, comm_id, msg_id, nbytes, 0, count)
     if ftype is FrameType.LEFT:
-        if kind or dtype or ndim or tag or msg_id or nbytes or offset or count:
-            raise _bad("LEFT frame with fields other than the comm id set")
-        return Frame(ftype, comm_id=comm_id)
+        if kind or dtype or ndim or tag or msg_id or offset:
+            raise _bad("LEFT frame with fields other than the comm id, size and culprit set")
+        if nbytes > MAX_LEFT_BYTES or count > 2**32:
+            raise _bad(f"LEFT frame with {nbytes} bytes of reason, culprit field {count}")
+        return Frame(ftype, comm_id=comm_id, nbytes=nbytes, count=count)
     if kind or dtype or ndim or tag or comm_id:
         raise _bad(f"{ftype.name} frame with message fields set")
     if ftype is FrameType.CREDIT:
@@ -208,6 +215,32 @@ def pack_credit(amount: int) -> bytes:
     return HEADER.pack(MAGIC, VERSION, FrameType.CREDIT, 0, 0, 0, 0, 0, 0, 0, 0, amount)
 
 
-def pack_left(comm_id: int) -> bytes:
-    """A LEFT frame: this rank closed communicator ``comm_id``."""
-    return HEADER.pack(MAGIC, VERSION, FrameType.LEFT, 0, 0, 0, 0, comm_id, 0, 0, 0, 0)
+@final
+@attrs.frozen
+class Leaving:
+    """Why a rank left a communicator, as its LEFT frame says: ``text`` completes "rank 2
+    left this communicator ..." ("on ValueError: bad batch"); ``culprit``, a world rank, is
+    set when it left only because that rank failed (its failure is what to report)."""
+
+    text: str
+    culprit: int | None = None
+
+
+def pack_left(comm_id: int, why: Leaving | None = None) -> bytes:
+    """A LEFT frame: this rank closed communicator ``comm_id`` (``why`` None), or left it
+    for the reason ``why`` (cut to ``MAX_LEFT_BYTES``)."""
+    text = b"" if why is None else why.text.encode("utf-8", "replace")[:MAX_LEFT_BYTES]
+    culprit = 0 if why is None or why.culprit is None else why.culprit + 1
+    head = HEADER.pack(
+        MAGIC, VERSION, FrameType.LEFT, 0, 0, 0, 0, comm_id, 0, len(text), 0, culprit
+    )
+    return head + text
+
+
+def decode_leaving(data: bytes | bytearray | memoryview, frame: Frame) -> Leaving | None:
+    """The reason that follows a LEFT header (``frame.nbytes`` bytes), None for a plain
+    close. A cut in the middle of a character shows as a replacement character."""
+    if not frame.nbytes and not frame.count:
+        return None
+    culprit = frame.count - 1 if frame.count else None
+    return Leaving(bytes(data).decode("utf-8", "replace"), culprit)

@@ -15,8 +15,10 @@ from ._frames import (
     HEADER,
     Frame,
     FrameType,
+    Leaving,
     MessageKind,
     decode_header,
+    decode_leaving,
     decode_shape,
     pack_left,
 )
@@ -106,15 +108,16 @@ class Reading(Engine):
                 restarted.recv.need_cts = True
                 wake(restarted.recv)
         elif ftype is FrameType.LEFT:
-            self._peer_left(peer, frame.comm_id)
+            why = decode_leaving(await reader.read(frame.nbytes), frame)
+            self._peer_left(peer, frame.comm_id, why)
         else:
             assert ftype is FrameType.WITHDRAW
             self._withdrawn(peer, frame.msg_id)
 
-    def _peer_left(self, peer: Peer, comm_id: int) -> None:
+    def _peer_left(self, peer: Peer, comm_id: int, why: Leaving | None) -> None:
         """LEFT from ``peer``: its calls on the communicator are over. Every message it sent
         on it came before this frame, so a receive still waiting for it never gets one."""
-        self._left.setdefault(comm_id, set()).add(peer.world)
+        self._left.setdefault(comm_id, {})[peer.world] = why
         comm = self._comms.get(comm_id)
         if comm is None or comm.scope is None:
             return
@@ -140,14 +143,14 @@ class Reading(Engine):
                 send.error = self._left_error(scope, send.what, peer.world)
                 wake(send)
 
-    def queue_left(self, comm_id: int, members: tuple[int, ...]) -> list[Peer]:
-        """Queue LEFT for ``comm_id`` to every live peer among ``members``; the peers whose
-        outbox must be written."""
+    def queue_left(self, comm_id: int, members: tuple[int, ...], why: Leaving | None) -> list[Peer]:
+        """Queue LEFT for ``comm_id``, saying ``why``, to every live peer among ``members``;
+        the peers whose outbox must be written."""
         peers = []
         for world in members:
             peer = self._peers.get(world)
             if peer is not None and peer.error is None:
-                peer.outbox.append(pack_left(comm_id))
+                peer.outbox.append(pack_left(comm_id, why))
                 peers.append(peer)
         return peers
 
