@@ -416,3 +416,20 @@ async def test_a_polling_receive_lets_the_other_tasks_of_the_program_run() -> No
             nursery.start_soon(send_soon)
             await links[0].recv(spec, 0, memoryview(got))
         assert bytes(got) == b"abcdefgh"
+
+
+async def test_a_reset_connection_says_what_that_usually_means(autojump_clock: object) -> None:
+    """The peer closed its socket with our frame unread in it: the kernel resets the
+    connection (ECONNRESET, not an end of file), and the error says what that usually is,
+    as it does for an end of file."""
+    spec = OpSpec(Kind.ALLREDUCE, 5, dtype_code=1, count=4, op_code=1)
+    async with socket_links(1) as (links, theirs):
+        await links[0].send(spec, 0, memoryview(bytes(16)))  # which the peer never reads
+        await theirs[0].aclose()
+        with pytest.raises(trioring.PeerFailedError) as info:
+            await links[0].recv(spec, 0, memoryview(bytearray(16)))
+    assert str(info.value) == (
+        "rank 0: allreduce #5: connection to peer rank 1 broke while receiving a frame "
+        "header: receive failed: [Errno 104] Connection reset by peer (the peer exited, "
+        "crashed or closed its communicator)"
+    )

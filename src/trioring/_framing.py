@@ -16,10 +16,9 @@ import trio
 from ._concurrency import run_with_grace
 from ._errors import (
     CollectiveError,
-    PeerFailedError,
     TrioringError,
 )
-from ._link_errors import LinkErrors
+from ._link_errors import FIRST_HEADER, LinkErrors
 from ._wire import (
     HEADER,
     MAGIC,
@@ -32,7 +31,7 @@ from ._wire import (
     pack_abort_frame,
     pack_data_header,
 )
-from .transports._socket import UNREACHABLE_ERRNOS, SocketConnection, advance
+from .transports._socket import SocketConnection, advance
 
 if TYPE_CHECKING:
     from .transports import Connection
@@ -41,8 +40,6 @@ if TYPE_CHECKING:
 SMALL_FRAME = 64 * 1024
 # How long a rank whose send failed looks for the abort frame that may explain it.
 _PENDING_ABORT_SECONDS = 0.05
-# What a receive that has no byte of its frame yet says it receives (see _recv_some).
-_FIRST_HEADER = "a frame header"
 # How many small DATA frames it reads past, at most, looking for it.
 _PENDING_FRAMES_SKIPPED = 4
 # A poll (a receive's, or a wait on the shared segment) lets other tasks run at least this often.
@@ -126,26 +123,6 @@ class Link(LinkErrors):
         self._pending = memoryview(b"")
         # Whole frames (and the start of one) that a watch read ahead of the next receive.
         self._ahead = bytearray()
-
-    # -- errors (the rest are in LinkErrors) -------------------------------------------
-
-    def _broken(self, spec: OpSpec, doing: str, exc: trio.BrokenResourceError) -> PeerFailedError:
-        """The error for the connection broken while ``doing``. A timeout (the kernel's, or
-        the transport's TRIORING_PEER_TIMEOUT) means the peer's host went silent, not that
-        the peer closed: say so, or a reader looks for a crash that never happened."""
-        cause = exc.__cause__
-        if not isinstance(cause, OSError) or cause.errno not in UNREACHABLE_ERRNOS:
-            return self._failed(spec, f"broke while {doing}: {exc}")
-        timeout = self._fast.peer_timeout if self._fast is not None else None
-        silence = f" ({cause.strerror})"
-        if timeout is not None:
-            silence = f" for {timeout:g} s (TRIORING_PEER_TIMEOUT; {cause.strerror})"
-        return self.peer_failed(
-            spec,
-            f"peer rank {self.peer} became unreachable while {doing}: no answer from rank "
-            f"{self.peer}'s host{silence}; it crashed or lost its network, or the network "
-            "drops its packets",
-        )
 
     # -- sending -----------------------------------------------------------------------
 
@@ -235,17 +212,6 @@ class Link(LinkErrors):
         error._trioring_clean_close = await self._raise_pending_abort(spec)
         return error
 
-    def _closed_by_peer(self, spec: OpSpec, done: int, total: int, what: str) -> PeerFailedError:
-        """The error for a connection that ended after ``done`` of ``total`` bytes of
-        ``what``; before the first byte of a frame, a clean close."""
-        error = self._failed(
-            spec,
-            f"was closed by the peer after {done} of {total} bytes of {what} "
-            "(the peer exited, crashed or closed its communicator)",
-        )
-        error._trioring_clean_close = what == _FIRST_HEADER and not done
-        return error
-
     # -- receiving ---------------------------------------------------------------------
 
     async def pending_abort(self, spec: OpSpec) -> CollectiveError | None:
@@ -278,7 +244,7 @@ class Link(LinkErrors):
             # never reached) may come first: skip a few small ones to find its reason.
             for _ in range(_PENDING_FRAMES_SKIPPED):
                 try:
-                    await self._recv_exactly(spec, self._recv_header_view, _FIRST_HEADER)
+                    await self._recv_exactly(spec, self._recv_header_view, FIRST_HEADER)
                 except CollectiveError as exc:
                     between_frames = exc._trioring_clean_close
                     return
@@ -382,7 +348,7 @@ class Link(LinkErrors):
             # first byte of a frame, as much a close between frames as an end of file.
             cause = exc.__cause__
             error._trioring_clean_close = (
-                what == _FIRST_HEADER
+                what == FIRST_HEADER
                 and isinstance(cause, OSError)
                 and cause.errno == errno.ECONNRESET
             )
@@ -535,7 +501,7 @@ class Link(LinkErrors):
                 # starts from what was read here.
                 want = HEADER.size + into.nbytes
                 buffer = self._inbox_view[:want]
-                got = await self._recv_some(spec, buffer, _FIRST_HEADER)
+                got = await self._recv_some(spec, buffer, FIRST_HEADER)
                 pack_data_header(self._expected_header, spec, offset, into.nbytes)
                 if got == want and self._inbox[: HEADER.size] == self._expected_header:
                     if into.nbytes:
@@ -561,10 +527,10 @@ class Link(LinkErrors):
             self._pending = self._pending[have:]
         while have < HEADER.size:
             got = await self._recv_some(
-                spec, buffer[have:], _FIRST_HEADER if not have else "the rest of a frame header"
+                spec, buffer[have:], FIRST_HEADER if not have else "the rest of a frame header"
             )
             if not got:
-                raise self._closed_by_peer(spec, have, HEADER.size, _FIRST_HEADER)
+                raise self._closed_by_peer(spec, have, HEADER.size, FIRST_HEADER)
             have += got
         self._pending = buffer[HEADER.size : have]
 

@@ -4,7 +4,8 @@ module holds the framing and this one the wording users read."""
 
 from __future__ import annotations
 
-from typing import TypeVar
+import errno
+from typing import TYPE_CHECKING, TypeVar
 
 from ._errors import (
     CollectiveError,
@@ -15,8 +16,19 @@ from ._errors import (
     TrioringError,
 )
 from ._wire import HEADER, MAGIC, VERSION, FrameType, OpSpec, describe_remote
+from .transports._socket import UNREACHABLE_ERRNOS
+
+if TYPE_CHECKING:
+    import trio
+
+    from .transports._socket import SocketConnection
 
 _E = TypeVar("_E", bound=TrioringError)
+
+#: What a receive that has no byte of its frame yet says it receives (see Link._recv_some).
+FIRST_HEADER = "a frame header"
+# What a connection that ends or is reset under a live rank usually means.
+_LOST_PEER = "the peer exited, crashed or closed its communicator"
 
 
 class LinkErrors:
@@ -25,6 +37,7 @@ class LinkErrors:
     rank: int
     peer: int
     job_id: str | None
+    _fast: SocketConnection | None
 
     def _error(self, cls: type[_E], spec: OpSpec, message: str, *, with_peer: bool = True) -> _E:
         """``cls(message)`` naming this rank, the peer (unless ``with_peer`` is false), the
@@ -106,3 +119,35 @@ class LinkErrors:
             "collective was running",
             with_peer=False,
         )
+
+    def _broken(self, spec: OpSpec, doing: str, exc: trio.BrokenResourceError) -> PeerFailedError:
+        """The error for the connection broken while ``doing``. A timeout (the kernel's, or
+        the transport's TRIORING_PEER_TIMEOUT) means the peer's host went silent, not that
+        the peer closed: say so, or a reader looks for a crash that never happened."""
+        cause = exc.__cause__
+        if not isinstance(cause, OSError) or cause.errno not in UNREACHABLE_ERRNOS:
+            detail = f"broke while {doing}: {exc}"
+            if isinstance(cause, OSError) and cause.errno in (errno.ECONNRESET, errno.EPIPE):
+                # The peer's socket closed with data unread: say what that usually means.
+                detail += f" ({_LOST_PEER})"
+            return self._failed(spec, detail)
+        timeout = self._fast.peer_timeout if self._fast is not None else None
+        silence = f" ({cause.strerror})"
+        if timeout is not None:
+            silence = f" for {timeout:g} s (TRIORING_PEER_TIMEOUT; {cause.strerror})"
+        return self.peer_failed(
+            spec,
+            f"peer rank {self.peer} became unreachable while {doing}: no answer from rank "
+            f"{self.peer}'s host{silence}; it crashed or lost its network, or the network "
+            "drops its packets",
+        )
+
+    def _closed_by_peer(self, spec: OpSpec, done: int, total: int, what: str) -> PeerFailedError:
+        """The error for a connection that ended after ``done`` of ``total`` bytes of
+        ``what``; before the first byte of a frame, a clean close."""
+        error = self._failed(
+            spec,
+            f"was closed by the peer after {done} of {total} bytes of {what} ({_LOST_PEER})",
+        )
+        error._trioring_clean_close = what == FIRST_HEADER and not done
+        return error
