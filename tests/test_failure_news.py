@@ -298,36 +298,41 @@ async def test_a_rank_that_left_because_another_failed_passes_the_blame_on() -> 
     """World ranks 1 and 2 share a split; rank 2 vanishes from it, so rank 1's barrier there
     raises PeerFailedError naming it, which leaves rank 1's blocks. Rank 0, waiting on the
     world's duplicate for a message from rank 1, hears that rank 1 left because of rank 2:
-    the error's ``peer`` is rank 2, as ``trioring run`` and a relayed collective error say."""
-    caught: list[trioring.PeerFailedError] = []
+    the error's ``peer`` is rank 2, as ``trioring run`` and a relayed collective error say.
+    Rank 2, alive and waiting there too, hears that rank 1 left because of it: the blame
+    stays with rank 1, the rank that left."""
+    caught: dict[int, trioring.PeerFailedError] = {}
     async with open_local_world(3) as comms:
 
         async def rank_main(comm: trioring.Communicator) -> None:
             raises = pytest.raises(trioring.PeerFailedError)
             with raises if comm.rank == 1 else contextlib.nullcontext():
                 async with comm.dup() as side, comm.split(color=min(comm.rank, 1)) as pair:
-                    if comm.rank == 0:
-                        with pytest.raises(trioring.PeerFailedError) as info:
-                            await side.recv(source=1)
-                        caught.append(info.value)
-                    elif comm.rank == 1:
+                    if comm.rank == 1:
                         await pair.barrier()
-                    else:
+                        return
+                    if comm.rank == 2:
                         await _vanish(pair)
+                    with pytest.raises(trioring.PeerFailedError) as info:
+                        await side.recv(source=1)
+                    caught[comm.rank] = info.value
 
         with trio.fail_after(10):
             await on_every_rank(comms, rank_main)
-    (error,) = caught
-    assert (error.rank, error.peer) == (0, 2), error
-    assert echoed_ranks(error) == frozenset({2})
-    text = str(error)
-    assert text.startswith(
-        "rank 0: recv(source=1, tag=0) on dup #1 of world: rank 1 left this communicator "
-        "because of rank 2, on PeerFailedError: rank 0: barrier #1: "
-    ), text
-    # The barrier's ranks were the split's: its rank 0 is world rank 1, its rank 1 world 2.
-    assert "as world ranks: 0->1, 1->2]" in text, text
-    assert text.endswith("; nothing more comes from rank 1, and it receives nothing more")
+    for rank, blamed in [(0, 2), (2, 1)]:
+        error = caught[rank]
+        assert (error.rank, error.peer) == (rank, blamed), error
+        assert echoed_ranks(error) == frozenset({blamed})
+        text = str(error)
+        because = "because of rank 2" if rank == 0 else "because of this rank"
+        assert text.startswith(
+            f"rank {rank}: recv(source=1, tag=0) on dup #1 of world: rank 1 left this "
+            f"communicator {because}, on PeerFailedError: rank 0: barrier #1: "
+        ), text
+        # The barrier's ranks were the split's: its rank 0 is world rank 1, its rank 1 world 2.
+        assert "as world ranks: 0->1, 1->2]" in text, text
+        from_ = "rank 1" if rank == 0 else "it"
+        assert text.endswith(f"; nothing more comes from {from_}, and it receives nothing more")
 
 
 async def test_a_receive_from_a_rank_whose_collective_broke_the_communicator_says_so(

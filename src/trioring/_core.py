@@ -465,9 +465,8 @@ class CommunicatorCore:
         reported another rank's failure, :class:`PeerFailedError` naming that rank) instead
         of a bare closed connection; the peers' point-to-point calls that wait for this
         rank hear the same when it closes (``_leaving``). Sub-communicators first. Nothing
-        for a broken
-        communicator (its peers were told when it broke) or a closed one. Shielded: a
-        cancellation that is leaving is told too."""
+        for a broken communicator (its peers were told when it broke) or a closed one.
+        Shielded: a cancellation that is leaving is told too."""
         for child in list(self._children):
             await child._leave_because(exc)
         if self._state is not State.OPEN:

@@ -194,11 +194,11 @@ class Endpoint(Reading):
     ) -> None:
         """:meth:`unregister`, then tell the other members (LEFT, saying ``why``: None for a
         plain close), so that their calls that wait for this rank on the communicator
-        raise, saying so, instead of waiting for ever. Best
-        effort and shielded: a peer that is gone is skipped, and one whose connection is
-        busy with another task's frame for longer than ``LEAVE_NOTICE_SECONDS`` (say, a
-        stopped peer that reads nothing) gets its LEFT with our next frame to it, or the
-        end of the connection. Idempotent."""
+        raise, saying so, instead of waiting for ever. Best effort and shielded: a peer
+        that is gone is skipped, and one whose connection is busy with another task's frame
+        for longer than ``LEAVE_NOTICE_SECONDS`` (say, a stopped peer that reads nothing)
+        gets its LEFT with our next frame to it, or the end of the connection.
+        Idempotent."""
         comm = self._comms.get(comm_id) or self._left_behind.pop(comm_id, None)
         self.unregister(comm_id, error)
         if comm is None or comm.scope is None or self._closed:
@@ -219,10 +219,10 @@ class Endpoint(Reading):
     ) -> None:
         """:meth:`unregister`, and queue the LEFT frames (saying ``why``) without writing
         them: they go out with the next frame to each peer, or at :meth:`leave` when the
-        communicator closes. For a communicator that breaks: its abort frames and their relays are racing
-        through the world then, and writing LEFT at once made the ranks of a mismatch name
-        an echo (a lost connection) instead of the mismatch in 5 of 324 in-process worlds of
-        7 to 9 ranks, against none of 648 with the frames queued."""
+        communicator closes. For a communicator that breaks: its abort frames and their
+        relays are racing through the world then, and writing LEFT at once made the ranks
+        of a mismatch name an echo (a lost connection) instead of the mismatch in 5 of 324
+        in-process worlds of 7 to 9 ranks, against none of 648 with the frames queued."""
         comm = self._comms.get(comm_id)
         self.unregister(comm_id, error)
         if comm is not None and comm.scope is not None and not self._closed:

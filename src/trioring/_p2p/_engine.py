@@ -230,20 +230,23 @@ class Engine:
         """The error of a call that waits for ``world``, which left the communicator: it
         says why, as the LEFT frame did, and names the culprit where ``world`` left only
         because another member failed (``peer`` is then the culprit's rank, so that
-        ``trioring run`` blames it; a culprit that is no member is not believed)."""
+        ``trioring run`` blames it; a culprit that is no member is not believed, and one
+        that is this live rank leaves the blame with ``world``)."""
         rank = scope.members.index(world)
         why = self._left.get(scope.comm_id, {}).get(world)
         blamed = rank
         if why is None:
             told = f"rank {rank} closed this communicator: nothing more comes from it"
+        elif why.culprit in scope.members and why.culprit not in (world, self.rank):
+            blamed = scope.members.index(why.culprit)
+            told = (
+                f"rank {rank} left this communicator because of rank {blamed}, {why.text}; "
+                f"nothing more comes from rank {rank}"
+            )
         else:
-            told = f"rank {rank} left this communicator {why.text}; nothing more comes from it"
-            if why.culprit in scope.members and why.culprit != world:
-                blamed = scope.members.index(why.culprit)
-                told = (
-                    f"rank {rank} left this communicator because of rank {blamed}, {why.text}; "
-                    f"nothing more comes from rank {rank}"
-                )
+            about_us = " because of this rank," if why.culprit == self.rank else ""
+            told = f"rank {rank} left this communicator{about_us} {why.text}; nothing more "
+            told += "comes from it"
         error = PeerFailedError(
             f"{self._where(scope, what, None)}: {told}, and it receives nothing more"
             f"{self._unreceived(scope, world)}",
