@@ -16,6 +16,7 @@ whole process group if it outlives its deadline.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -30,7 +31,7 @@ import trio
 
 import trioring
 from launched import LAUNCHER_DEADLINE_S, run_launcher, write_script
-from trioring._concurrency import first_leaf
+from trioring._concurrency import cancel_cause, first_leaf
 from trioring._errors import (
     CollectiveMismatchError,
     CommunicatorBrokenError,
@@ -401,6 +402,59 @@ def test_the_exception_that_says_what_a_group_is() -> None:
     cancelled, other = _a_cancelled(), _a_cancelled()
     assert first_leaf(BaseExceptionGroup("g", [cancelled, later])) == (later, 1)
     assert first_leaf(BaseExceptionGroup("g", [cancelled, other])) == (cancelled, 2)
+
+
+def _cancelled_by(how: str) -> BaseException:
+    """The Cancelled that Trio raises in a task cancelled ``how``: a sibling's failure, the
+    nursery's own block raising, a scope cancelled with or without a reason, a deadline."""
+    caught: list[BaseException] = []
+
+    async def victim(task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        try:
+            task_status.started()
+            await trio.sleep_forever()
+        except trio.Cancelled as exc:
+            caught.append(exc)
+            raise
+
+    async def fail() -> None:
+        raise ValueError("bad batch")
+
+    async def main() -> None:
+        with contextlib.suppress(ValueError, ExceptionGroup):
+            async with trio.open_nursery() as nursery:
+                await nursery.start(victim)
+                if how == "sibling":
+                    nursery.start_soon(fail)
+                elif how == "block":
+                    raise ValueError("bad batch")
+                elif how == "deadline":
+                    nursery.cancel_scope.deadline = trio.current_time()
+                else:
+                    nursery.cancel_scope.cancel(reason="shutting down" if how == "reason" else None)
+
+    trio.run(main)
+    return caught[0]
+
+
+@pytest.mark.parametrize(
+    ("how", "cause"),
+    [
+        ("sibling", ", when code beside it raised ValueError('bad batch')"),
+        ("block", ", when code beside it raised ValueError('bad batch')"),
+        ("reason", ", by its cancel scope (shutting down)"),
+        ("plain", ""),
+        ("deadline", ""),
+    ],
+)
+def test_what_cancelled_a_call(how: str, cause: str) -> None:
+    """cancel_cause: what Trio says cancelled a task, as the end of a cancelled collective's
+    message; nothing where the message's time already says it (a deadline) or nothing was
+    said. Also through an exception group of cancellations, and nothing for an error."""
+    cancelled = _cancelled_by(how)
+    assert cancel_cause(cancelled) == cause
+    assert cancel_cause(BaseExceptionGroup("g", [cancelled])) == cause
+    assert cancel_cause(ValueError("x")) == ""
 
 
 HOOKED = """
