@@ -335,6 +335,36 @@ async def test_a_rank_that_left_because_another_failed_passes_the_blame_on() -> 
         assert text.endswith(f"; nothing more comes from {from_}, and it receives nothing more")
 
 
+@pytest.mark.parametrize("failing", [1, 2, 3])
+async def test_a_receive_from_any_rank_names_the_one_that_left_on_an_error(failing: int) -> None:
+    """Rank 0 waits for a message from any rank of a duplicate; the others leave it, one on
+    an error, the others closing it, in no set order. Once every other rank has left, the
+    receive raises naming the one that left on an error (a server whose workers stop wants
+    the failure, not the last close), with the reason and that rank as ``peer``."""
+    caught: list[trioring.PeerFailedError] = []
+    async with open_local_world(4) as comms:
+
+        async def rank_main(comm: trioring.Communicator) -> None:
+            with contextlib.suppress(RuntimeError):
+                async with comm.dup() as side:
+                    if comm.rank == failing:
+                        raise RuntimeError(f"NaN on rank {failing}")
+                    if comm.rank == 0:
+                        with pytest.raises(trioring.PeerFailedError) as info:
+                            await side.recv_any(tag=1)
+                        caught.append(info.value)
+
+        with trio.fail_after(10):
+            await on_every_rank(comms, rank_main)
+    (error,) = caught
+    assert (error.rank, error.peer) == (0, failing), error
+    assert str(error) == (
+        "rank 0: recv_any(tag=1) on dup #1 of world: every other rank has left this "
+        f"communicator; rank {failing} left this communicator on RuntimeError: NaN on rank "
+        f"{failing}; nothing more comes from it, and it receives nothing more"
+    ), error
+
+
 async def test_a_receive_from_a_rank_whose_collective_broke_the_communicator_says_so(
     autojump_clock: trio.testing.MockClock,
 ) -> None:

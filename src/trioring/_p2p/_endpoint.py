@@ -518,7 +518,7 @@ class Endpoint(Reading):
             if peer is not None and peer.error is not None:
                 raise self._for_call(peer.error, scope, recv.what, None, world)
         if recv.source is None and left and self._all_gone(scope):
-            raise self._left_error(scope, recv.what, max(left))
+            raise self._all_left_error(scope, recv.what)
 
     async def _wait_recv(self, comm: CommState, recv: PostedRecv) -> None:
         """Drive ``recv`` to its end: write its CTS when it is bound to a rendezvous message,

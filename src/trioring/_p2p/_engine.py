@@ -226,12 +226,30 @@ class Engine:
                 return False
         return True
 
-    def _left_error(self, scope: Scope, what: str, world: int) -> PeerFailedError:
-        """The error of a call that waits for ``world``, which left the communicator: it
-        says why, as the LEFT frame did, and names the culprit where ``world`` left only
-        because another member failed (``peer`` is then the culprit's rank, so that
-        ``trioring run`` blames it; a culprit that is no member is not believed, and one
-        that is this live rank leaves the blame with ``world``)."""
+    def _all_left_error(self, scope: Scope, what: str) -> PeerFailedError:
+        """The error of a receive from any member once every other member has left: it
+        names the one whose leaving says the most (one that left on an error of its own,
+        else one that left because another failed, else one that closed), the lowest such
+        rank. A server whose workers closed one by one, one of them on an error first,
+        learns of the error, not of the last close."""
+        left = self._left.get(scope.comm_id, {})
+        gone = [w for w in scope.members if w != self.rank and w in left]
+
+        def telling(world: int) -> tuple[int, int]:
+            why = left[world]
+            return (2 if why is None else 1 if why.culprit is not None else 0), world
+
+        return self._left_error(scope, what, min(gone, key=telling), every=True)
+
+    def _left_error(
+        self, scope: Scope, what: str, world: int, *, every: bool = False
+    ) -> PeerFailedError:
+        """The error of a call that waits for ``world``, which left the communicator (with
+        ``every``: as did every other member): it says why, as the LEFT frame did, and
+        names the culprit where ``world`` left only because another member failed
+        (``peer`` is then the culprit's rank, so that ``trioring run`` blames it; a culprit
+        that is no member is not believed, and one that is this live rank leaves the blame
+        with ``world``)."""
         rank = scope.members.index(world)
         why = self._left.get(scope.comm_id, {}).get(world)
         blamed = rank
@@ -247,6 +265,8 @@ class Engine:
             about_us = " because of this rank," if why.culprit == self.rank else ""
             told = f"rank {rank} left this communicator{about_us} {why.text}; nothing more "
             told += "comes from it"
+        if every:
+            told = f"every other rank has left this communicator; {told}"
         error = PeerFailedError(
             f"{self._where(scope, what, None)}: {told}, and it receives nothing more"
             f"{self._unreceived(scope, world)}",

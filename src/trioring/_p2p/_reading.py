@@ -136,7 +136,10 @@ class Reading(Engine):
             elif recv.source != peer.world and not (recv.source is None and gone):
                 continue
             comm.unpost(recv)
-            recv.error = self._left_error(scope, recv.what, peer.world)
+            if bound is None and recv.source is None:
+                recv.error = self._all_left_error(scope, recv.what)
+            else:
+                recv.error = self._left_error(scope, recv.what, peer.world)
             wake(recv)
         for send in list(comm.sends):
             if send.peer == peer.world and not send.done and send.error is None:
