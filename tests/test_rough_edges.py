@@ -428,6 +428,8 @@ def _cancelled_by(how: str) -> BaseException:
                     nursery.start_soon(fail)
                 elif how == "block":
                     raise ValueError("bad batch")
+                elif how == "long":
+                    raise ValueError("x" * 1000)
                 elif how == "deadline":
                     nursery.cancel_scope.deadline = trio.current_time()
                 else:
@@ -443,6 +445,9 @@ def _cancelled_by(how: str) -> BaseException:
         ("sibling", ", when code beside it raised ValueError('bad batch')"),
         ("block", ", when code beside it raised ValueError('bad batch')"),
         ("reason", ", by its cancel scope (shutting down)"),
+        # Trio's reason, cut: "Code block inside nursery contextmanager raised exception "
+        # is 58 characters, then the repr.
+        ("long", ", when code beside it raised ValueError('" + "x" * (500 - 58 - 12) + "..."),
         ("plain", ""),
         ("deadline", ""),
     ],

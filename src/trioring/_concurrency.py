@@ -57,6 +57,9 @@ def is_cancellation(exc: BaseException) -> bool:
 #: own block raised (trio 0.31+): "child task raised exception ValueError('x')", "Code block
 #: inside nursery contextmanager raised exception ValueError('x')".
 _RAISED = " raised exception "
+#: The most of Trio's reason that a message repeats: it holds the exception's repr, which a
+#: program's own exception can make as long as it likes.
+_MAX_CAUSE_CHARS = 500
 
 
 def cancel_cause(exc: BaseException) -> str:
@@ -72,6 +75,8 @@ def cancel_cause(exc: BaseException) -> str:
     if not isinstance(exc, trio.Cancelled):
         return ""
     source, reason = exc.source, exc.reason
+    if reason is not None and len(reason) > _MAX_CAUSE_CHARS:
+        reason = reason[:_MAX_CAUSE_CHARS] + "..."
     if source == "nursery" and reason:
         _, raised, error = reason.partition(_RAISED)
         if raised:
