@@ -78,6 +78,12 @@ def steps_of(method: str) -> Iterator[None]:
         _WITHIN.reset(token)
 
 
+def _bare(exc: BaseException) -> str:
+    """``exc``'s message without the job id a TrioringError appends (a peer's error adds
+    its own)."""
+    return exc._bare_message if isinstance(exc, TrioringError) else str(exc)
+
+
 def comm_id(key: str) -> int:
     """The 64-bit id of the communicator named ``key`` in point-to-point frames: identical
     on every member, and two names of one world collide with probability 2**-64."""
@@ -421,7 +427,7 @@ class CommunicatorCore:
         if relayed is not None:
             kind, subject, reason, reporter = relayed
             return AbortKind(kind), subject, reason, reporter
-        message = exc._bare_message if isinstance(exc, TrioringError) else str(exc)
+        message = _bare(exc)
         if isinstance(exc, PeerFailedError) and exc.peer is not None:
             return AbortKind.FAILED, exc.peer, message, me
         if isinstance(exc, CollectiveMismatchError):
@@ -437,26 +443,24 @@ class CommunicatorCore:
         if self._state is State.OPEN:
             self._state = State.BROKEN
             self._broken_by = exc
+        notice = self._abort_notice(exc)
         with trio.CancelScope(shield=True):
-            await self._tell_peers(self._abort_notice(exc), spec.seq)
+            await self._tell_peers(notice, spec.seq)
             await self._close_connections()
         if self._state is State.BROKEN:
-            # Told to the peers' point-to-point calls when it closes (see leave_later).
-            self._leaving = self._broke_leaving(exc, spec)
+            # Told to the peers' point-to-point calls when it closes (see leave_later): what
+            # broke it, and the rank the abort frame names where that is another.
+            subject = notice[1]
+            culprit = self._members[subject] if subject != self._rank else None
+            if is_cancellation(exc):
+                detail = self._cancelled[1] if self._cancelled is not None else ""
+                text = f"when {spec.named()} was cancelled there{detail}"
+            else:
+                text = f"when {spec.named()} failed there ({type(exc).__name__}: {_bare(exc)})"
+            self._leaving = Leaving(text, culprit)
             self._family.endpoint.leave_later(
                 self._scope.comm_id, self._broken_error, self._leaving
             )
-
-    def _broke_leaving(self, exc: BaseException, spec: OpSpec) -> Leaving:
-        """What the peers' point-to-point calls on this communicator hear of its breaking
-        (``exc`` in collective ``spec``), naming the rank whose failure it reports."""
-        _, subject, _, _ = self._abort_notice(exc)
-        culprit = self._members[subject] if subject != self._rank else None
-        if is_cancellation(exc):
-            detail = self._cancelled[1] if self._cancelled is not None else ""
-            return Leaving(f"when {spec.named()} was cancelled there{detail}", culprit)
-        text = exc._bare_message if isinstance(exc, TrioringError) else str(exc)
-        return Leaving(f"when {spec.named()} failed there ({type(exc).__name__}: {text})", culprit)
 
     async def _leave_because(self, exc: BaseException) -> None:
         """``exc`` escaped the block that holds this communicator, which closes next: tell
@@ -472,19 +476,21 @@ class CommunicatorCore:
         if self._state is not State.OPEN:
             return
         me = self._rank
+        # ``why`` completes the collective notice "it left its communicator ...", ``said``
+        # what its point-to-point peers read, "rank 1 left this communicator ...".
         if is_cancellation(exc):
             why = "cancelled (by its caller's deadline or cancel scope)"
             said = "on a cancellation (by its caller's deadline or cancel scope)"
         else:
             leaf, count = first_leaf(exc)
-            # Without its job id: the peer's error adds its own.
-            text = leaf._bare_message if isinstance(leaf, TrioringError) else str(leaf)
-            why = said = f"on {type(leaf).__name__}" + (f": {text}" if text else "")
+            text = _bare(leaf)
+            why = f"on {type(leaf).__name__}" + (f": {text}" if text else "")
             if leaf is not exc:
                 # A nursery in the block raised its task's failure in a group, whose own
                 # text ("Exceptions from Trio nursery") says nothing.
                 of = f"the first of {count} " if count > 1 else ""
-                why = said = f"{why} ({of}in an exception group)"
+                why += f" ({of}in an exception group)"
+            said = why
         echoed = echoed_ranks(exc)
         if (
             echoed is not None
@@ -494,7 +500,7 @@ class CommunicatorCore:
             # It leaves because another rank failed, in another communicator: pass that on,
             # as a breaking collective relays news, so that its peers blame the culprit and
             # not this rank (in this communicator's ranks; the text keeps the other's).
-            text = exc._bare_message if isinstance(exc, TrioringError) else str(exc)
+            text = _bare(exc)
             if (note := ranks_note(exc)) is not None:
                 text += f" [{note}]"
                 said += f" [{note}]"
