@@ -279,6 +279,74 @@ def test_disagreeing_world_sizes_fail_rendezvous(
 
 
 @pytest.mark.parametrize("mode", ["tcp", "unix-dir"])
+@pytest.mark.parametrize(
+    ("forced", "expected"),
+    [
+        (
+            ("allreduce=ring", ""),
+            (
+                "rank 1 forces no algorithm (TRIORING_ALGORITHM is unset or empty) but rank 0 "
+                "forces TRIORING_ALGORITHM='allreduce=ring'"
+            ),
+        ),
+        (
+            ("broadcast=tree, allreduce=ring", "allreduce=ring,broadcast=shm"),
+            (
+                "rank 1 forces TRIORING_ALGORITHM='allreduce=ring,broadcast=shm' but rank 0 "
+                "forces TRIORING_ALGORITHM='allreduce=ring,broadcast=tree'"
+            ),
+        ),
+    ],
+    ids=["rank0-only", "different"],
+)
+def test_disagreeing_forced_algorithms_fail_rendezvous(
+    worlds: Worlds, mode: str, forced: tuple[str, str], expected: str
+) -> None:
+    """Ranks that force different algorithms would not run the same collectives (over Unix
+    sockets a rank forcing a tree broadcast met a peer's shared-memory one with "sent a
+    frame during a shared-memory collective", naming no cause): rank 0 refuses the world
+    at the rendezvous instead, and every rank's open raises RendezvousError saying which
+    rank forces what. (Two ranks: a third that arrives after rank 0 refused finds nobody, see
+    test_setup_failures.py.)"""
+    world = worlds.start(
+        "scenario_worker.py",
+        "open",
+        world_size=2,
+        mode=mode,
+        env_overrides={
+            0: {"TRIORING_ALGORITHM": forced[0]},
+            1: {"TRIORING_ALGORITHM": forced[1]},
+        },
+    )
+    for report in world.finish():
+        error = error_of(report, "open")
+        assert error["type"] == "RendezvousError", error
+        assert expected in error["message"], error
+        assert "every rank must force the same algorithms" in error["message"], error
+        assert steps(report)["open"]["elapsed"] < PROMPT_S
+
+
+@pytest.mark.parametrize("mode", ["tcp", "unix-dir"])
+def test_the_same_forced_algorithms_in_another_order_agree(worlds: Worlds, mode: str) -> None:
+    """Control for the test above: the order of the pairs and the spaces around them do not
+    matter, only what is forced: the world opens, and its barrier (forced to the
+    dissemination on every rank) completes."""
+    world = worlds.start(
+        "scenario_worker.py",
+        "open",
+        world_size=3,
+        mode=mode,
+        env_overrides={
+            0: {"TRIORING_ALGORITHM": "allreduce=ring,barrier=dissemination"},
+            1: {"TRIORING_ALGORITHM": " barrier = dissemination , allreduce=ring"},
+            2: {"TRIORING_ALGORITHM": "barrier=dissemination,allreduce=ring"},
+        },
+    )
+    for report in world.finish():
+        assert_ok(report, "open", "barrier")
+
+
+@pytest.mark.parametrize("mode", ["tcp", "unix-dir"])
 def test_duplicate_rank_fails_rendezvous(worlds: Worlds, mode: str) -> None:
     world = worlds.start("scenario_worker.py", "open", world_size=3, ranks=[0, 1, 1], mode=mode)
     for report in world.finish():

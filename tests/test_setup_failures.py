@@ -28,7 +28,7 @@ import trio
 import trioring
 from conftest import WAIT_S, WORKERS_DIR, Worker, free_tcp_port, poll_until
 from netns import Hosts, open_hosts
-from trioring import _rendezvous, _setup
+from trioring import _config, _rendezvous, _setup
 from trioring._config import Config
 
 if TYPE_CHECKING:
@@ -420,3 +420,83 @@ async def test_pending_handshakes_scale_with_the_world(world_size: int, evicted:
         await trio.testing.wait_all_tasks_blocked()
         assert admission.rejected == evicted
         release.set()
+
+
+# -- what rank 0 compares in a hello -----------------------------------------------------------
+
+
+def _rank0_config(forced: str = "") -> Config:
+    return _config.resolve(
+        rank=0,
+        world_size=2,
+        master_addr="127.0.0.1",
+        master_port=29500,
+        transport="unix",
+        env={"TRIORING_ALGORITHM": forced},
+    )
+
+
+def _hello(**changes: object) -> dict[str, Any]:
+    hello: dict[str, Any] = {
+        "rank": 1,
+        "world_size": 2,
+        "transport": "unix",
+        "address": "/tmp/x",
+        "version": trioring.__version__,
+        "algorithms": {},
+    }
+    hello.update(changes)
+    return {name: value for name, value in hello.items() if value is not None}
+
+
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({}, None),
+        (
+            {"version": "0.0.9"},
+            f"rank 1 runs trioring 0.0.9 but rank 0 runs trioring {trioring.__version__}: "
+            "every rank must run the same version",
+        ),
+        # A trioring from before the hello named its version.
+        (
+            {"version": None, "algorithms": None},
+            f"rank 1 runs an older trioring but rank 0 runs trioring {trioring.__version__}",
+        ),
+        (
+            {"algorithms": {"allreduce": "ring"}},
+            "rank 1 forces TRIORING_ALGORITHM='allreduce=ring'",
+        ),
+        ({"algorithms": ["allreduce"]}, "rank 1 sent a malformed list of forced algorithms"),
+        ({"world_size": 3}, "rank 1 says WORLD_SIZE=3 but rank 0 says WORLD_SIZE=2"),
+        ({"transport": "tcp"}, "rank 1 uses transport 'tcp' but rank 0 uses 'unix'"),
+    ],
+)
+def test_what_rank_0_refuses_in_a_hello(changes: dict[str, Any], expected: str | None) -> None:
+    """Rank 0 refuses a world whose ranks disagree on anything that decides the frames on
+    the wire: the world, the transport, trioring's version and the forced algorithms (the
+    last two sent by every rank's hello; one without them comes from an older trioring).
+    The multi-process refusals, and what every rank raises, are in
+    test_multiprocess_errors.py."""
+    problem = _rendezvous._disagreement(_rank0_config(), 1, _hello(**changes))
+    if expected is None:
+        assert problem is None
+    else:
+        assert problem is not None
+        assert expected in problem, problem
+
+
+def test_rank_0_names_both_sides_of_a_forced_algorithm() -> None:
+    problem = _rendezvous._disagreement(_rank0_config("broadcast=tree,allreduce=ring"), 1, _hello())
+    assert problem == (
+        "rank 1 forces no algorithm (TRIORING_ALGORITHM is unset or empty) but rank 0 forces "
+        "TRIORING_ALGORITHM='allreduce=ring,broadcast=tree': every rank must force the same "
+        "algorithms, which decide the frames on the wire"
+    )
+    same = {"allreduce": "ring", "broadcast": "tree"}
+    assert (
+        _rendezvous._disagreement(
+            _rank0_config("broadcast=tree,allreduce=ring"), 1, _hello(algorithms=same)
+        )
+        is None
+    )

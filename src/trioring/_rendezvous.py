@@ -7,13 +7,14 @@ Every connection, rendezvous and data alike, first runs the mutual HMAC handshak
 
 Rendezvous protocol (over TCP at ``MASTER_ADDR:MASTER_PORT``, or over a Unix socket in
 ``TRIORING_SOCKET_DIR``): rank 0 listens; every other rank connects (retrying until rank 0 is
-up), opens its data listener and sends HELLO {rank, world_size, transport, address}; rank 0
-checks the hellos against its own view (same world size and transport, no duplicate rank)
-and answers every rank with TABLE {session, addresses}, or REFUSE {message} to all if the
-world is inconsistent. The ranks then build the mesh. Each rank's rendezvous connection stays
-open as its control channel until the world has formed (READY, GO, FAILED, ABORT: see
-:mod:`trioring._control`), so that a rank failing anywhere in the set-up makes every rank
-raise :class:`RendezvousError` naming it, at once.
+up), opens its data listener and sends HELLO {rank, world_size, transport, address,
+version, algorithms}; rank 0 checks the hellos against its own view (same world size,
+transport, trioring version and forced algorithms, no duplicate rank) and answers every rank
+with TABLE {session, addresses}, or REFUSE {message} to all if the world is inconsistent.
+The ranks then build the mesh. Each rank's rendezvous connection stays open as its control
+channel until the world has formed (READY, GO, FAILED, ABORT: see :mod:`trioring._control`),
+so that a rank failing anywhere in the set-up makes every rank raise
+:class:`RendezvousError` naming it, at once.
 
 The message format is in :mod:`trioring._setup` (versioned, JSON bodies of bounded size).
 """
@@ -26,7 +27,7 @@ import logging
 import os
 import secrets
 import socket as _stdlib_socket
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, Any, final
 
 import attrs
 import trio
@@ -40,6 +41,7 @@ from ._setup import (
     HELLO,
     Admission,
     BadMessage,
+    clip,
     connect_errno,
     describe_connect_error,
     field,
@@ -48,6 +50,7 @@ from ._setup import (
     read_message,
     send_message,
 )
+from ._version import __version__
 from .transports import Connection, Listener, Transport, TransportContext
 from .transports._tcp import format_host_port, parse_host_port, tcp_listener
 
@@ -187,7 +190,7 @@ async def _serve(
     admission = Admission(config, "rendezvous")
 
     async def handle(connection: Connection) -> None:
-        async def greet() -> tuple[int, int, str, str]:
+        async def greet() -> tuple[int, str, str | None]:
             peer = await _auth.accept(
                 connection, config.credentials, role=_auth.Role.RENDEZVOUS, rank=0
             )
@@ -196,23 +199,13 @@ async def _serve(
             world_size = field(body, "world_size", int)
             if (rank, world_size) != (peer.rank, peer.world_size):
                 raise BadMessage("hello disagrees with the handshake")
-            return rank, world_size, field(body, "transport", str), field(body, "address", str)
+            return rank, field(body, "address", str), _disagreement(config, rank, body)
 
         greeting = await admission.run(connection, greet)
         if greeting is None:
             return
-        rank, world_size, transport, address = greeting
-        problem = None
-        if world_size != size:
-            problem = f"rank {rank} says WORLD_SIZE={world_size} but rank 0 says WORLD_SIZE={size}"
-        elif transport != config.transport:
-            problem = (
-                f"rank {rank} uses transport {transport!r} but rank 0 uses "
-                f"{config.transport!r} (check TRIORING_TRANSPORT)"
-            )
-        elif not 0 < rank < size:
-            problem = f"a process claims rank {rank}, outside 1..{size - 1}"
-        elif rank in hellos:
+        rank, address, problem = greeting
+        if problem is None and rank in hellos:
             problem = f"two processes claim rank {rank} (check RANK)"
         if problems:  # another hello is being refused already
             await trio.aclose_forcefully(connection)
@@ -286,6 +279,52 @@ async def _serve(
     return session, addresses
 
 
+def _disagreement(config: Config, rank: int, hello: dict[str, Any]) -> str | None:
+    """Why rank 0 refuses the world because of ``rank``'s hello, or None. Besides the world
+    itself, every rank must run the same trioring and force the same algorithms: both
+    decide which frames go on the wire, and ranks that disagree would otherwise raise a
+    ProtocolError at their first collective that says nothing of the cause (or, where two
+    algorithms never exchange a frame, wait for each other)."""
+    world_size = field(hello, "world_size", int)
+    transport = field(hello, "transport", str)
+    if world_size != config.world_size:
+        return (
+            f"rank {rank} says WORLD_SIZE={world_size} but rank 0 says "
+            f"WORLD_SIZE={config.world_size}"
+        )
+    if transport != config.transport:
+        return (
+            f"rank {rank} uses transport {transport!r} but rank 0 uses "
+            f"{config.transport!r} (check TRIORING_TRANSPORT)"
+        )
+    if not 0 < rank < config.world_size:
+        return f"a process claims rank {rank}, outside 1..{config.world_size - 1}"
+    version = hello.get("version")
+    if version != __version__:
+        theirs = f"trioring {version}" if isinstance(version, str) else "an older trioring"
+        return (
+            f"rank {rank} runs {theirs[:64]} but rank 0 runs trioring {__version__}: every "
+            "rank must run the same version (its wire protocol and its choices of algorithm)"
+        )
+    forced = hello.get("algorithms")
+    if forced != dict(config.algorithms):
+        return (
+            f"rank {rank} {_forcing(forced)} but rank 0 {_forcing(config.algorithms)}: every "
+            "rank must force the same algorithms, which decide the frames on the wire"
+        )
+    return None
+
+
+def _forcing(forced: object) -> str:
+    """What a hello's ``algorithms`` force, as TRIORING_ALGORITHM would say it."""
+    if not forced:
+        return "forces no algorithm (TRIORING_ALGORITHM is unset or empty)"
+    if isinstance(forced, dict):
+        pairs = ",".join(f"{c}={a}" for c, a in sorted(forced.items(), key=str))
+        return f"forces TRIORING_ALGORITHM={clip(pairs, 400)!r}"
+    return "sent a malformed list of forced algorithms"
+
+
 async def _join(config: Config, follower: Follower, own_address: str) -> tuple[str, list[str]]:
     """Ranks other than 0: authenticate, say hello and wait for the table."""
     rank = config.rank
@@ -294,6 +333,8 @@ async def _join(config: Config, follower: Follower, own_address: str) -> tuple[s
         "world_size": config.world_size,
         "transport": config.transport,
         "address": own_address,
+        "version": __version__,
+        "algorithms": dict(config.algorithms),
     }
     try:
         await _auth.initiate(

@@ -89,8 +89,9 @@ world of one runs whichever is chosen without any I/O.
 Forcing (for tests and experts): ``Communicator._force_algorithm(collective, name)``, or
 ``TRIORING_ALGORITHM=allreduce=ring,broadcast=tree`` read by ``open_communicator()``,
 replaces the row's choice for every call of that collective. The algorithm decides the
-frames on the wire, so it must be forced identically on every rank: ranks that disagree
-never take wrong data for right (frames carry the call's identity), but raise
+frames on the wire, so it must be forced identically on every rank: rank 0 refuses a world
+whose ranks' TRIORING_ALGORITHM differ (see _rendezvous); ranks whose ``_force_algorithm``
+disagree never take wrong data for right (frames carry the call's identity), but raise
 ``ProtocolError`` or, where two ranks never exchange a frame, wait until a deadline. A
 forced algorithm that cannot run a call here (no shared segment, an array too large for it)
 raises ``InvalidArgumentError`` before any I/O, never falls back to another.
