@@ -4,8 +4,8 @@ The codec: round trips of every supported type, nested, bit-exact (a Hypothesis 
 over recursive objects too); refusals of everything else, with the path in the message;
 the decoder's bounds and its answer to garbage (hand-made cases, then Hypothesis over random
 bytes and mutated valid encodings: only ProtocolError, and whatever decodes is canonical);
-no pickle. The collectives: broadcast_object, allgather_object and gather_object at worlds
-1-5 over in-memory streams (buffered and not, small chunks), roots varied, objects of
+no pickle. The collectives: broadcast_object, allgather_object, gather_object,
+scatter_object and alltoall_object at worlds 1-5 over in-memory streams (buffered and not, small chunks), roots varied, objects of
 different sizes per rank (one rank's large array, another's empty tuple), refusal before any
 I/O, a rank sending undecodable bytes, a cancellation between broadcast_object's two
 broadcasts, and real processes over tcp and unix.
@@ -506,7 +506,19 @@ async def check_everything(comm: Communicator, errors: list[str]) -> None:
             errors.append(f"gather_object root {root}: got {rows!r:.100}")
         if r != root and rows is not None:
             errors.append(f"gather_object root {root}: rank {r} got {rows!r:.100}")
-    if comm.seq != start + 2 * n + 1 + len({0, n - 1, n // 2}):
+    roots = sorted({0, n - 1, n // 2})
+    for root in roots:
+        # What the root sends rank q: the object of rank q + root, so that every root sends
+        # every rank something else, of another size.
+        objs = [object_of(q + root) for q in range(n)] if r == root else None
+        mine = await comm.scatter_object(objs, root=root)
+        if not same(mine, object_of(r + root)):
+            errors.append(f"scatter_object root {root}: rank {r} got {mine!r:.100}")
+    # Rank q sends rank p the object of q * n + p: every pair something else.
+    got = await comm.alltoall_object(tuple(object_of(r * n + p) for p in range(n)))
+    if not same(got, [object_of(q * n + r) for q in range(n)]):
+        errors.append(f"alltoall_object: rank {r} got {got!r:.100}")
+    if comm.seq != start + 2 * n + 1 + 2 * len(roots) + 1:
         errors.append(f"the object collectives took {comm.seq - start} sequence numbers")
 
 
@@ -524,22 +536,26 @@ async def test_object_collectives_unbuffered_small_chunks(world_size: int) -> No
         {"r": r, "a": np.arange(r * 40, dtype=np.int16), "s": "x" * r} for r in range(world_size)
     ]
 
-    async def run(comm: Communicator) -> tuple[Any, Any, Any]:
+    async def run(comm: Communicator) -> tuple[Any, ...]:
         r = comm.rank
         return (
             await comm.broadcast_object(objects[r], root=world_size - 1),
             await comm.allgather_object(objects[r]),
             await comm.gather_object(objects[r], root=1),
+            await comm.scatter_object(objects if r == 1 else None, root=1),
+            await comm.alltoall_object([objects[(r + p) % world_size] for p in range(world_size)]),
         )
 
     async with trioring.testing.open_local_world(
         world_size, buffered=False, chunk_bytes=16
     ) as comms:
         results = await on_every_rank(comms, run)
-    for r, (bcast, gathered, rows) in enumerate(results):
+    for r, (bcast, gathered, rows, mine, swapped) in enumerate(results):
         assert same(bcast, objects[-1])
         assert same(gathered, objects)
         assert same(rows, objects) if r == 1 else rows is None
+        assert same(mine, objects[r])
+        assert same(swapped, [objects[(q + r) % world_size] for q in range(world_size)])
 
 
 async def test_results_are_new_objects() -> None:
@@ -561,6 +577,14 @@ async def test_results_are_new_objects() -> None:
         gathered = await on_every_rank(comms, lambda comm: comm.allgather_object(payload))
         assert gathered[0][0] is not payload
         assert same(gathered[0][0], payload)
+        scattered = await on_every_rank(
+            comms, lambda comm: comm.scatter_object([payload, payload] if comm.rank == 0 else None)
+        )
+        swapped = await on_every_rank(comms, lambda comm: comm.alltoall_object([payload] * 2))
+        for got in (scattered[0], swapped[0][0]):
+            assert got is not payload
+            assert same(got, payload)
+            assert not np.shares_memory(got["array"], payload["array"])
 
 
 async def test_world_of_one_checkpoints() -> None:
@@ -571,23 +595,47 @@ async def test_world_of_one_checkpoints() -> None:
             assert await comm.allgather_object(None) == [None]
         with trio.testing.assert_checkpoints():
             assert await comm.gather_object(b"") == [b""]
-        assert comm.seq == 4
+        with trio.testing.assert_checkpoints():
+            assert await comm.scatter_object([2.5]) == 2.5
+        with trio.testing.assert_checkpoints():
+            assert await comm.alltoall_object(("x",)) == ["x"]
+        assert comm.seq == 6
 
 
-@pytest.mark.parametrize("collective", ["broadcast_object", "allgather_object", "gather_object"])
+@pytest.mark.parametrize(
+    "collective",
+    ["broadcast_object", "allgather_object", "gather_object", "scatter_object", "alltoall_object"],
+)
 async def test_refused_before_any_io(collective: str) -> None:
-    """An unsupported object (or a bad root) raises on the calling rank before any I/O:
-    the sequence number stays 0 and the communicator works afterwards."""
+    """An unsupported object (or a bad root, or for the list forms a list of the wrong
+    length or not a list) raises on the calling rank before any I/O: the sequence number
+    stays 0 and the communicator works afterwards."""
     async with trioring.testing.open_local_world(3) as comms:
         comm = comms[0]
         method = getattr(comm, collective)
+        bad = {"cfg": [1, 2, {3}]}
+        listed = collective in ("scatter_object", "alltoall_object")
         with pytest.raises(trioring.InvalidArgumentError) as info:
-            await method({"cfg": [1, 2, {3}]})
+            await method([None, bad, None] if listed else bad)
         message = str(info.value)
-        assert message.startswith(f'rank 0: {collective} #1: obj["cfg"][2]: set is not supported')
+        where = 'objs[1]["cfg"][2]' if listed else 'obj["cfg"][2]'
+        assert message.startswith(f"rank 0: {collective} #1: {where}: set is not supported")
         assert info.value.collective == collective
         assert info.value.seq == 1
-        if collective != "allgather_object":
+        if listed:
+            with pytest.raises(
+                trioring.InvalidArgumentError,
+                match=rf"^rank 0: {collective} #1: objs must hold one object per rank \(3 in "
+                r"this communicator\), not 2$",
+            ):
+                await method([1, 2])
+            with pytest.raises(
+                trioring.InvalidArgumentError,
+                match=rf"^rank 0: {collective} #1: objs must be a list or tuple of 3 objects, "
+                "one per rank, not str$",
+            ):
+                await method("abc")
+        if collective != "allgather_object" and collective != "alltoall_object":
             with pytest.raises(
                 trioring.InvalidArgumentError, match=rf"rank 0: {collective} #1: .*root"
             ):
@@ -599,12 +647,17 @@ async def test_refused_before_any_io(collective: str) -> None:
 
 
 async def test_non_root_object_is_ignored() -> None:
-    """broadcast_object's non-root ranks may pass anything, unsupported types included."""
+    """broadcast_object's and scatter_object's non-root ranks may pass anything,
+    unsupported types included."""
     async with trioring.testing.open_local_world(3) as comms:
         results = await on_every_rank(
             comms, lambda c: c.broadcast_object({"v": 1} if c.rank == 1 else {object()}, root=1)
         )
-    assert results == [{"v": 1}] * 3
+        assert results == [{"v": 1}] * 3
+        results = await on_every_rank(
+            comms, lambda c: c.scatter_object([0, 1, 2] if c.rank == 1 else {object()}, root=1)
+        )
+        assert results == [0, 1, 2]
 
 
 GARBAGE_BYTES = np.frombuffer(b"\x01\x08\x05\x00", np.uint8)
@@ -671,6 +724,32 @@ async def test_garbage_in_gather_object() -> None:
         lambda comm: comm.gatherv(GARBAGE_BYTES, root=1),
         lambda comm: comm.gather_object(("fine", comm.rank), root=1),
         {1},
+        "are not an object encoding",
+    )
+
+
+async def test_garbage_in_scatter_object() -> None:
+    await check_garbage_is_refused(
+        3,
+        2,
+        lambda comm: comm.scatterv([GARBAGE_BYTES] * 3, root=2),
+        lambda comm: comm.scatter_object(None, root=2),
+        {0, 1},
+        "are not an object encoding",
+    )
+
+
+async def test_garbage_in_alltoall_object() -> None:
+    """Rank 1 sends garbage to rank 3 only: rank 3 raises, naming rank 1; ranks 0 and 2
+    decode what they got (and learn of the failure at their next call)."""
+    fine = _objects.encode_array(("fine",))
+
+    await check_garbage_is_refused(
+        4,
+        1,
+        lambda comm: comm.alltoallv([fine, fine, fine, GARBAGE_BYTES]),
+        lambda comm: comm.alltoall_object([("fine", comm.rank)] * 4),
+        {3},
         "are not an object encoding",
     )
 
@@ -752,7 +831,9 @@ def test_real_processes(tmp_path: Path, transport: str) -> None:
     reports = run_reports(Path(__file__), [str(tmp_path)], tmp_path, 3, transport=transport)
     for report in reports:
         assert report["errors"] == [], report
-        assert report["seq"] == 3 * 2 + 1 + 3
+        # broadcast_object at 3 roots, allgather_object, gather_object and scatter_object
+        # at 3 roots, alltoall_object.
+        assert report["seq"] == 3 * 2 + 1 + 3 + 3 + 1
 
 
 async def worker(out_dir: str) -> None:

@@ -34,6 +34,13 @@ async def main() -> None:
             refused = str(exc).removesuffix(f" [job {exc.job_id}]")  # (launcher's id)
         total = await comm.allgather_object(len(refused))
 
+        # Rank 0 hands every rank its own work item: a list of n objects, one per rank.
+        work = [{"shard": q, "files": [f"part-{q}-{i}" for i in range(q + 1)]} for q in range(n)]
+        mine = await comm.scatter_object(work if r == 0 else None, root=0)
+
+        # Every rank sends every rank (itself too) its own object, and gets one from each.
+        mail = await comm.alltoall_object([f"{r}->{q}" for q in range(n)])
+
         if r == 0:
             print("config:", config)
             print("losses:", [round(s["loss"], 3) for s in stats])
@@ -42,6 +49,8 @@ async def main() -> None:
             print("summary:", summary)
             print("refused:", refused)
             print("still usable:", total == [len(refused)] * n)
+            print("my work:", mine)
+            print("mail:", mail)
 
 
 trio.run(main)

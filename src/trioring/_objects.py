@@ -1,5 +1,5 @@
 """A safe codec for Python objects: the bytes that the object collectives
-(:meth:`trioring.Communicator.broadcast_object`, ``allgather_object``, ``gather_object``)
+(:meth:`trioring.Communicator.broadcast_object` and the other ``*_object`` methods)
 send. It never pickles, and decoding runs no code of the sender's choosing: a peer's bytes
 can only ever become the plain values listed here, within documented bounds.
 
@@ -320,6 +320,7 @@ class _Encoder:
 def encode_buffers(
     obj: object,
     *,
+    path: str = "obj",
     max_depth: int = MAX_DEPTH,
     max_elements: int = MAX_ELEMENTS,
     max_int_bytes: int = MAX_INT_BYTES,
@@ -332,12 +333,12 @@ def encode_buffers(
     Raises:
         InvalidArgumentError: ``obj`` holds a value of an unsupported type, or exceeds a
             bound; the message names the type and its path inside ``obj``
-            (``obj["cfg"][2]: set is not supported``).
+            (``obj["cfg"][2]: set is not supported``), which starts with ``path``.
         ValueError: a bound out of range (``max_depth`` in ``0..200``, the others >= 1).
     """
     _check_bounds(max_depth, max_elements, max_int_bytes)
     encoder = _Encoder(max_depth, max_elements, max_int_bytes)
-    encoder.value(obj, "obj", 0)
+    encoder.value(obj, path, 0)
     return encoder.finish()
 
 
@@ -356,11 +357,11 @@ def encode(
     return b"".join(parts)
 
 
-def encode_array(obj: object) -> np.ndarray[tuple[int], np.dtype[np.uint8]]:
+def encode_array(obj: object, path: str = "obj") -> np.ndarray[tuple[int], np.dtype[np.uint8]]:
     """The encoding of ``obj`` (with the default bounds) as a new, writable uint8 array:
     what the object collectives send. Each byte is copied once. Errors: see
     :func:`encode_buffers`."""
-    parts = encode_buffers(obj)
+    parts = encode_buffers(obj, path=path)
     out = np.empty(sum(memoryview(part).nbytes for part in parts), np.uint8)
     at = 0
     for part in parts:

@@ -1,6 +1,6 @@
-"""The object collectives: broadcast_object, allgather_object and gather_object, built on
-the array collectives (no wire kinds of their own) and the safe codec of
-:mod:`trioring._objects`, which never pickles."""
+"""The object collectives: broadcast_object, allgather_object, gather_object,
+scatter_object and alltoall_object, built on the array collectives (no wire kinds of their
+own) and the safe codec of :mod:`trioring._objects`, which never pickles."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from .._errors import InvalidArgumentError, ProtocolError
 from .._wire import Kind, OpSpec
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from .._communicator import Communicator
 
 __all__ = ["ObjectMethods"]
@@ -44,13 +46,35 @@ class ObjectMethods(CommunicatorCore):
         except _checks.Refused as exc:
             raise self._refused(label, str(exc)) from None
 
-    def _encoded(self, label: str, obj: object) -> np.ndarray[tuple[int], np.dtype[np.uint8]]:
+    def _encoded(
+        self, label: str, obj: object, path: str = "obj"
+    ) -> np.ndarray[tuple[int], np.dtype[np.uint8]]:
         """``obj``'s encoding, or InvalidArgumentError (before any I/O) saying where in
-        ``obj`` the refused value is."""
+        ``obj`` (named ``path``) the refused value is."""
         try:
-            return _objects.encode_array(obj)
+            return _objects.encode_array(obj, path)
         except InvalidArgumentError as exc:
             raise self._refused(label, str(exc)) from None
+
+    def _encoded_each(
+        self, label: str, objs: object
+    ) -> list[np.ndarray[tuple[int], np.dtype[np.uint8]]]:
+        """The encodings of ``objs``, a list or tuple of one object per rank, or
+        InvalidArgumentError (before any I/O) saying what is wrong, and where
+        (``objs[2]["cfg"]: set is not supported``)."""
+        n = self._world_size
+        if not isinstance(objs, (list, tuple)):
+            raise self._refused(
+                label,
+                f"objs must be a list or tuple of {n} objects, one per rank, not "
+                f"{type(objs).__name__}",
+            )
+        if len(objs) != n:
+            raise self._refused(
+                label,
+                f"objs must hold one object per rank ({n} in this communicator), not {len(objs)}",
+            )
+        return [self._encoded(label, obj, f"objs[{i}]") for i, obj in enumerate(objs)]
 
     async def _fail(self, error: BaseException, kind: Kind) -> None:
         """Break the communicator after its last call (``kind``, sequence number
@@ -218,5 +242,75 @@ class ObjectMethods(CommunicatorCore):
             return None
         return [
             await self._decoded(label, Kind.GATHERV, part, source)
+            for source, part in enumerate(parts)
+        ]
+
+    async def scatter_object(self, objs: Sequence[Any] | None, *, root: int = 0) -> Any:
+        """Send ``root``'s ``objs[i]`` to rank ``i``, and return this rank's.
+
+        On ``root``, ``objs`` is a list (or tuple) of ``world_size`` objects, one per rank;
+        on every other rank it is ignored (pass None), as mpi4py's ``scatter`` ignores a
+        non-root's ``sendobj``. Every rank, ``root`` included, returns a **new object**
+        decoded from the bytes the root sent it: equal to ``objs[rank]``, of exactly the
+        same types, and sharing nothing with it. The objects may differ in type and size
+        from rank to rank. Supported types, bounds (each object on its own) and the
+        security note: see :meth:`broadcast_object`; torch's ``scatter_object_list``
+        unpickles what the root sends.
+
+        One sequence number: a :meth:`scatterv` of the objects' encodings (``uint8``).
+
+        Args:
+            objs: on ``root``, ``world_size`` objects, ``objs[i]`` for rank ``i``; ignored
+                elsewhere.
+            root: the rank that sends; the same on every rank.
+
+        Raises:
+            InvalidArgumentError: on ``root``, ``objs`` is not a list or tuple of
+                ``world_size`` objects, or one of them holds an unsupported type or exceeds
+                a bound (the message names its place: ``objs[2]["cfg"]: set is not
+                supported``); on any rank, a bad ``root``. Before any I/O; the
+                communicator stays usable (but the other ranks, if they went ahead, wait
+                for this one: fix the call).
+            ProtocolError: the root's bytes for this rank do not decode; the message names
+                the root, and the communicator is broken.
+            CollectiveError: see :meth:`allreduce`.
+        """
+        label = "scatter_object"
+        root = self._checked_root(label, root)
+        blocks = self._encoded_each(label, objs) if self._rank == root else None
+        with steps_of(label):
+            data = await cast("Communicator", self).scatterv(blocks, root=root)
+        return await self._decoded(label, Kind.SCATTERV, data, root)
+
+    async def alltoall_object(self, objs: Sequence[Any]) -> list[Any]:
+        """Send ``objs[i]`` to rank ``i``, and receive what every rank sends to this rank.
+
+        Every rank passes a list (or tuple) of ``world_size`` objects, ``objs[i]`` for rank
+        ``i`` (its own entry too), and returns a list of ``world_size`` **new objects** in
+        rank order: entry ``i`` is decoded from the bytes rank ``i`` sent this rank, equal
+        to its ``objs[rank]`` and sharing nothing with it. Every pair of ranks may send
+        objects of different types and sizes. mpi4py's ``alltoall`` (which pickles);
+        torch has none. Supported types, bounds (each object on its own) and the security
+        note: see :meth:`broadcast_object`.
+
+        One sequence number: an :meth:`alltoallv` of the objects' encodings (``uint8``).
+
+        Args:
+            objs: ``world_size`` objects, ``objs[i]`` for rank ``i``.
+
+        Raises:
+            InvalidArgumentError: ``objs`` is not a list or tuple of ``world_size`` objects,
+                or one of them holds an unsupported type or exceeds a bound (the message
+                names its place, as for :meth:`scatter_object`); before any I/O.
+            ProtocolError: a rank's bytes for this rank do not decode; the message names
+                the first such rank, and the communicator is broken.
+            CollectiveError: see :meth:`allreduce`.
+        """
+        label = "alltoall_object"
+        blocks = self._encoded_each(label, objs)
+        with steps_of(label):
+            parts = await cast("Communicator", self).alltoallv(blocks)
+        return [
+            await self._decoded(label, Kind.ALLTOALLV, part, source)
             for source, part in enumerate(parts)
         ]
