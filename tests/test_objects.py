@@ -18,6 +18,7 @@ worker of the real-process test: every rank runs ``check_everything`` and writes
 from __future__ import annotations
 
 import ast
+import collections
 import json
 import math
 import struct
@@ -246,7 +247,12 @@ REFUSED: list[tuple[Any, str]] = [
     ({"cfg": [1, 2, {3}]}, 'obj["cfg"][2]: set is not supported (convert it to a list or'),
     (frozenset(), "obj: frozenset is not supported (convert it to a list or a tuple)"),
     ([Custom()], "Custom is not supported (objects travel without pickle: None, bool, int,"),
-    ((1, MyInt(3)), "MyInt is not supported (a subclass"),
+    ((1, MyInt(3)), "MyInt is not supported (a subclass of int: convert it with int(x))"),
+    (
+        [{"n": collections.Counter(a=1)}],
+        'obj[0]["n"]: collections.Counter is not supported (a subclass of dict: convert it '
+        "with dict(x))",
+    ),
     ({1.5: 2}, "obj: dict key 1.5 of type float is not supported (keys must be str or int)"),
     ({"a": {True: 1}}, 'obj["a"]: dict key True of type bool is not supported'),
     ({(1, 2): 0}, "obj: dict key (1, 2) of type tuple is not supported"),

@@ -253,7 +253,15 @@ class _Encoder:
         if isinstance(value, np.ndarray):
             return f"{name} is not supported (an ndarray subclass: send np.asarray(x))"
         if isinstance(value, (bool, int, float, complex, str, bytes, list, tuple, dict)):
-            return f"{name} is not supported (a subclass: convert it to its base type)"
+            base = next(
+                t
+                for t in (int, float, complex, str, bytes, list, tuple, dict)
+                if isinstance(value, t)
+            )
+            return (
+                f"{name} is not supported (a subclass of {base.__name__}: convert it with "
+                f"{base.__name__}(x))"
+            )
         if isinstance(value, (set, frozenset)):
             return f"{name} is not supported (convert it to a list or a tuple)"
         # Say what does travel, where the reader looks: the message, not the docs.
