@@ -92,6 +92,13 @@ class ObjectMethods(CommunicatorCore):
         except ProtocolError as exc:
             await self._malformed(label, kind, source, f"are not an object encoding: {exc}")
 
+    async def _decoded_all(
+        self, label: str, kind: Kind, parts: list[np.ndarray[Any, Any]]
+    ) -> list[Any]:
+        """The objects that every rank sent, ``parts[q]`` from rank ``q``, in rank order;
+        a ProtocolError naming the first rank whose bytes do not decode."""
+        return [await self._decoded(label, kind, part, source) for source, part in enumerate(parts)]
+
     async def _malformed(self, label: str, kind: Kind, source: int, detail: str) -> NoReturn:
         error = ProtocolError(
             f"{self._object_where(label, self._seq)} ({kind.label} #{self._seq}): the bytes "
@@ -207,10 +214,7 @@ class ObjectMethods(CommunicatorCore):
         data = self._encoded(label, obj)
         with steps_of(label):
             parts = await cast("Communicator", self).allgatherv(data)
-        return [
-            await self._decoded(label, Kind.ALLGATHERV, part, source)
-            for source, part in enumerate(parts)
-        ]
+        return await self._decoded_all(label, Kind.ALLGATHERV, parts)
 
     async def gather_object(self, obj: Any, *, root: int = 0) -> list[Any] | None:
         """Gather every rank's ``obj`` on ``root``.
@@ -240,10 +244,7 @@ class ObjectMethods(CommunicatorCore):
             parts = await cast("Communicator", self).gatherv(data, root=root)
         if parts is None:
             return None
-        return [
-            await self._decoded(label, Kind.GATHERV, part, source)
-            for source, part in enumerate(parts)
-        ]
+        return await self._decoded_all(label, Kind.GATHERV, parts)
 
     async def scatter_object(self, objs: Sequence[Any] | None, *, root: int = 0) -> Any:
         """Send ``root``'s ``objs[i]`` to rank ``i``, and return this rank's.
@@ -310,7 +311,4 @@ class ObjectMethods(CommunicatorCore):
         blocks = self._encoded_each(label, objs)
         with steps_of(label):
             parts = await cast("Communicator", self).alltoallv(blocks)
-        return [
-            await self._decoded(label, Kind.ALLTOALLV, part, source)
-            for source, part in enumerate(parts)
-        ]
+        return await self._decoded_all(label, Kind.ALLTOALLV, parts)
