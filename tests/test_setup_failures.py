@@ -468,6 +468,7 @@ def _hello(**changes: object) -> dict[str, Any]:
             "rank 1 forces TRIORING_ALGORITHM='allreduce=ring'",
         ),
         ({"algorithms": ["allreduce"]}, "rank 1 sent a malformed list of forced algorithms"),
+        ({"algorithms": []}, "rank 1 sent a malformed list of forced algorithms"),
         ({"world_size": 3}, "rank 1 says WORLD_SIZE=3 but rank 0 says WORLD_SIZE=2"),
         ({"transport": "tcp"}, "rank 1 uses transport 'tcp' but rank 0 uses 'unix'"),
     ],

@@ -306,23 +306,23 @@ def _disagreement(config: Config, rank: int, hello: dict[str, Any]) -> str | Non
             f"rank {rank} runs {theirs[:64]} but rank 0 runs trioring {__version__}: every "
             "rank must run the same version (its wire protocol and its choices of algorithm)"
         )
-    forced = hello.get("algorithms")
-    if forced != dict(config.algorithms):
+    forced, own = hello.get("algorithms"), dict(config.algorithms)
+    if forced != own:
         return (
-            f"rank {rank} {_forcing(forced)} but rank 0 {_forcing(config.algorithms)}: every "
-            "rank must force the same algorithms, which decide the frames on the wire"
+            f"rank {rank} {_forcing(forced)} but rank 0 {_forcing(own)}: every rank must "
+            "force the same algorithms, which decide the frames on the wire"
         )
     return None
 
 
 def _forcing(forced: object) -> str:
     """What a hello's ``algorithms`` force, as TRIORING_ALGORITHM would say it."""
+    if not isinstance(forced, dict):
+        return "sent a malformed list of forced algorithms"
     if not forced:
         return "forces no algorithm (TRIORING_ALGORITHM is unset or empty)"
-    if isinstance(forced, dict):
-        pairs = ",".join(f"{c}={a}" for c, a in sorted(forced.items(), key=str))
-        return f"forces TRIORING_ALGORITHM={clip(pairs, 400)!r}"
-    return "sent a malformed list of forced algorithms"
+    pairs = ",".join(f"{c}={a}" for c, a in sorted(forced.items(), key=str))
+    return f"forces TRIORING_ALGORITHM={clip(pairs, 400)!r}"
 
 
 async def _join(config: Config, follower: Follower, own_address: str) -> tuple[str, list[str]]:
