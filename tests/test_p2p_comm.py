@@ -11,6 +11,7 @@ import trio.testing
 
 import trioring
 from local_runs import on_every_rank
+from trioring._p2p import MessageKind
 from trioring.testing import open_local_world
 
 
@@ -133,6 +134,68 @@ async def test_objects_recv_any_and_order() -> None:
         steps = [msg[1] for s, msg in collected if s == src]
         assert steps == [0, 1]
     assert all(msg[0] == s for s, msg in collected)
+
+
+async def test_recv_any_object_hands_out_work_to_whoever_reports_first() -> None:
+    """A coordinator and three workers with objects only (mpi4py's recv(ANY_SOURCE) without
+    pickle): the coordinator learns who reported from recv_any_object and sends that worker
+    its next task; an array message first in line raises and stays queued; a worker's
+    bytes that are not an encoding raise ProtocolError naming it, the message consumed and
+    the communicator usable."""
+    n, tasks = 4, 9
+    async with open_local_world(n) as comms:
+        done: dict[int, int] = {}
+
+        async def coordinator(comm: trioring.Communicator) -> None:
+            for task in range(tasks + n - 1):
+                source, report = await comm.recv_any_object(tag=1)
+                assert isinstance(report, dict), report
+                assert report["from"] == source
+                if report["task"] is not None:
+                    done[report["task"]] = source
+                    assert report["square"] == report["task"] ** 2
+                await comm.send_object(task if task < tasks else None, dest=source, tag=2)
+            # An array first in line with the tag: refused, and it stays queued.
+            with pytest.raises(trioring.InvalidArgumentError, match=r"recv_any_object\(tag=3\)"):
+                await comm.recv_any_object(tag=3)
+            source, array = await comm.recv_any(tag=3)
+            assert (source, array.tolist()) == (1, [7])
+            with pytest.raises(trioring.ProtocolError) as info:
+                await comm.recv_any_object(tag=4)
+            assert info.value.peer == 2
+            assert "recv_any_object(tag=4): the message from rank 2 is not an object" in str(
+                info.value
+            )
+            assert await comm.recv_any_object(tag=4) == (2, "fine")
+
+        async def worker(comm: trioring.Communicator) -> None:
+            r, task = comm.rank, None
+            while True:
+                square = None if task is None else task**2
+                await comm.send_object({"from": r, "task": task, "square": square}, dest=0, tag=1)
+                task = await comm.recv_object(source=0, tag=2)
+                if task is None:
+                    break
+            if r == 1:
+                await comm.send(np.array([7]), dest=0, tag=3)
+            if r == 2:
+                # Not an encoding: a list of 5 values with none after it.
+                await comm._endpoint.send(
+                    comm._scope,
+                    0,
+                    4,
+                    np.frombuffer(b"\x01\x08\x05\x00", np.uint8),
+                    kind=MessageKind.OBJECT,
+                )
+                await comm.send_object("fine", dest=0, tag=4)
+
+        async def rank_code(comm: trioring.Communicator) -> None:
+            await (coordinator if comm.rank == 0 else worker)(comm)
+
+        with trio.fail_after(30):
+            await on_every_rank(comms, rank_code)
+    assert sorted(done) == list(range(tasks))
+    assert set(done.values()) <= {1, 2, 3}
 
 
 async def test_checks_before_any_io_and_a_message_that_does_not_fit_stays_queued() -> None:

@@ -204,6 +204,28 @@ class PointToPointMethods(CommunicatorCore):
         _, encoded = await self._endpoint.recv(
             self._scope, source, tag, None, kind=MessageKind.OBJECT
         )
+        return self._decoded_message(what, source, encoded)
+
+    async def recv_any_object(self, *, tag: int = 0) -> tuple[int, Any]:
+        """Receive the next object sent by :meth:`send_object` with ``tag`` from whichever
+        rank's arrives first; returns ``(source, obj)``. mpi4py's ``recv(source=ANY_SOURCE)``
+        without pickle: what a coordinator that hands out work to whichever worker reports
+        first needs. Ordered per source, a member's death and closes as for
+        :meth:`recv_any`; decoding as for :meth:`recv_object`. An array message (sent by
+        :meth:`send`) that comes first with ``tag`` raises
+        :class:`~trioring.InvalidArgumentError` and stays queued, as for :meth:`recv`."""
+        what = f"recv_any_object(tag={tag})"
+        self._check_open_for_messages(what)
+        tag = self._checked_tag(what, tag)
+        source, encoded = await self._endpoint.recv(
+            self._scope, None, tag, None, kind=MessageKind.OBJECT
+        )
+        return source, self._decoded_message(what, source, encoded)
+
+    def _decoded_message(self, what: str, source: int, encoded: np.ndarray[Any, Any]) -> Any:
+        """The object in a message from ``source``; ProtocolError naming ``source`` if its
+        bytes are not an encoding (the message is consumed; the communicator stays
+        usable)."""
         try:
             return _objects.decode(encoded)
         except ProtocolError as exc:
@@ -212,6 +234,6 @@ class PointToPointMethods(CommunicatorCore):
                 f"encoding: {exc}",
                 rank=self._rank,
                 peer=source,
-                collective="recv_object",
+                collective=what.partition("(")[0],
                 job_id=self._job_id,
             ) from None

@@ -460,7 +460,11 @@ class Endpoint(Reading):
         Cancelled, it consumed nothing (``out`` may be partly overwritten)."""
         await trio.lowlevel.checkpoint_if_cancelled()
         name = "recv_object" if kind == MessageKind.OBJECT else "recv"
-        what = f"recv_any(tag={tag})" if source is None else f"{name}(source={source}, tag={tag})"
+        if source is None:
+            name = "recv_any_object" if kind == MessageKind.OBJECT else "recv_any"
+            what = f"{name}(tag={tag})"
+        else:
+            what = f"{name}(source={source}, tag={tag})"
         try:
             comm = self._comm(scope, what)
             self._check_tag(scope, what, tag)
