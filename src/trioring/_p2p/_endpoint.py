@@ -459,12 +459,11 @@ class Endpoint(Reading):
         ``kind``) raises InvalidArgumentError before any byte lands and stays queued.
         Cancelled, it consumed nothing (``out`` may be partly overwritten)."""
         await trio.lowlevel.checkpoint_if_cancelled()
-        name = "recv_object" if kind == MessageKind.OBJECT else "recv"
+        suffix = "_object" if kind == MessageKind.OBJECT else ""
         if source is None:
-            name = "recv_any_object" if kind == MessageKind.OBJECT else "recv_any"
-            what = f"{name}(tag={tag})"
+            what = f"recv_any{suffix}(tag={tag})"
         else:
-            what = f"{name}(source={source}, tag={tag})"
+            what = f"recv{suffix}(source={source}, tag={tag})"
         try:
             comm = self._comm(scope, what)
             self._check_tag(scope, what, tag)
