@@ -135,6 +135,28 @@ def _key_path(key: str | int) -> str:
     return f"[{key}]"
 
 
+#: Where a value is inside the encoded object: the name of the whole (a str), or (where its
+#: container is, the index of a list or tuple item) or (where its dict is, the key, None).
+#: Rendered as text (``obj["cfg"][2]``) only when a value is refused: building that text
+#: for every value took 9 % of the encoding of a 3-key dict (15.5 against 14.1 us) and 20 %
+#: of a list of 1,000 ints' (1326 against 1054 us; 2 vCPUs, AMD EPYC).
+_Path = str | tuple[Any, ...]
+
+
+def _path_text(path: _Path) -> str:
+    """``path`` as the text an error shows: ``obj["cfg"][2]``."""
+    steps: list[str] = []
+    while type(path) is tuple:
+        if len(path) == 2:
+            path, index = path
+            steps.append(f"[{index}]")
+        else:
+            path, key, _ = path
+            steps.append(_key_path(key))
+    assert type(path) is str
+    return path + "".join(reversed(steps))
+
+
 def _check_bounds(max_depth: int, max_elements: int, max_int_bytes: int) -> None:
     if not 0 <= max_depth <= DEPTH_LIMIT:
         raise ValueError(f"max_depth must be in 0..{DEPTH_LIMIT}, not {max_depth}")
@@ -186,12 +208,13 @@ class _Encoder:
         self.max_elements = max_elements
         self.max_int_bytes = max_int_bytes
 
-    def refuse(self, path: str, message: str) -> InvalidArgumentError:
-        if len(path) > 200:  # deep nesting: its start and its end say where
-            path = f"{path[:90]} ... {path[-90:]}"
-        return InvalidArgumentError(f"{path}: {message}")
+    def refuse(self, path: _Path, message: str) -> InvalidArgumentError:
+        text = _path_text(path)
+        if len(text) > 200:  # deep nesting: its start and its end say where
+            text = f"{text[:90]} ... {text[-90:]}"
+        return InvalidArgumentError(f"{text}: {message}")
 
-    def value(self, value: object, path: str, depth: int) -> None:
+    def value(self, value: object, path: _Path, depth: int) -> None:
         self.elements += 1
         if self.elements > self.max_elements:
             raise self.refuse(
@@ -236,7 +259,7 @@ class _Encoder:
                 buf.append(LIST if type(value) is list else TUPLE)
                 _uleb(buf, len(value))
                 for i, item in enumerate(value):
-                    self.value(item, f"{path}[{i}]", depth + 1)
+                    self.value(item, (path, i), depth + 1)
         elif type(value) is complex:
             buf.append(COMPLEX)
             buf += _COMPLEX.pack(value.real, value.imag)
@@ -271,7 +294,7 @@ class _Encoder:
             "arrays; convert it to those, e.g. a dataclass with dataclasses.asdict)"
         )
 
-    def encode_int(self, value: int, path: str) -> None:
+    def encode_int(self, value: int, path: _Path) -> None:
         n = (value if value >= 0 else ~value).bit_length() // 8 + 1
         if n > self.max_int_bytes:
             raise self.refuse(
@@ -282,7 +305,7 @@ class _Encoder:
         _uleb(buf, n)
         buf += value.to_bytes(n, "little", signed=True)
 
-    def encode_dict(self, value: dict[Any, Any], path: str, depth: int) -> None:
+    def encode_dict(self, value: dict[Any, Any], path: _Path, depth: int) -> None:
         buf = self.buf
         buf.append(DICT)
         _uleb(buf, len(value))
@@ -293,11 +316,11 @@ class _Encoder:
                     f"dict key {key!r:.60} of type {_type_name(key)} is not supported (keys "
                     "must be str or int)",
                 )
-            here = f"{path}{_key_path(key)}"
+            here = (path, key, None)
             self.value(key, here, depth)
             self.value(item, here, depth)
 
-    def encode_array(self, value: np.ndarray[Any, Any], path: str) -> None:
+    def encode_array(self, value: np.ndarray[Any, Any], path: _Path) -> None:
         why = _refuse_array(value)
         if why is not None:
             raise self.refuse(path, why)
@@ -367,9 +390,13 @@ def encode(
 
 def encode_array(obj: object, path: str = "obj") -> np.ndarray[tuple[int], np.dtype[np.uint8]]:
     """The encoding of ``obj`` (with the default bounds) as a new, writable uint8 array:
-    what the object collectives send. Each byte is copied once. Errors: see
+    what the object collectives send. Each byte is copied once: an object without large
+    arrays is encoded straight into the array's memory. Errors: see
     :func:`encode_buffers`."""
     parts = encode_buffers(obj, path=path)
+    if len(parts) == 1 and type(parts[0]) is bytearray:
+        # The encoder's own buffer, which nothing else references: the array can be it.
+        return np.frombuffer(parts[0], np.uint8)
     out = np.empty(sum(memoryview(part).nbytes for part in parts), np.uint8)
     at = 0
     for part in parts:
@@ -413,6 +440,9 @@ class _Decoder:
 
     def uleb(self, what: str) -> int:
         data, pos, end = self.data, self.pos, self.end
+        if pos < end and data[pos] < 0x80:  # one byte: most lengths are below 128
+            self.pos = pos + 1
+            return data[pos]
         result = shift = 0
         start = pos
         while True:
@@ -448,7 +478,10 @@ class _Decoder:
         if self.elements <= 0:
             raise self.fail("more values than the limit (max_elements)")
         self.elements -= 1
-        at = self.take(1, "a tag")
+        at = self.pos
+        if at >= self.end:
+            raise self.fail("a tag needs 1 bytes, 0 left")
+        self.pos = at + 1
         tag = self.data[at]
         if tag == NONE:
             return None
