@@ -35,6 +35,7 @@ from hypothesis.extra import numpy as hnp
 
 import trioring
 from trioring import _objects
+from trioring._methods._objects import BROADCAST_HEAD_BYTES
 from trioring._wire import DTYPES
 
 if TYPE_CHECKING:
@@ -477,6 +478,13 @@ def object_of(rank: int) -> Any:
     ][rank % 5]
 
 
+def broadcast_steps(obj: Any) -> int:
+    """How many broadcasts broadcast_object makes of ``obj``: one whose encoding fits the
+    first broadcast beside its length, two otherwise."""
+    fits = len(_objects.encode(obj)) <= BROADCAST_HEAD_BYTES - 8
+    return 1 if fits else 2
+
+
 async def on_every_rank(
     comms: list[Communicator], fn: Callable[[Communicator], Awaitable[Any]]
 ) -> list[Any]:
@@ -501,8 +509,11 @@ async def check_everything(comm: Communicator, errors: list[str]) -> None:
         got = await comm.broadcast_object(object_of(root) if r == root else "ignored", root=root)
         if not same(got, expected[root]):
             errors.append(f"broadcast_object root {root}: rank {r} got {got!r:.100}")
-    if comm.seq != start + 2 * n:
-        errors.append(f"broadcast_object took {comm.seq - start} sequence numbers for {n}")
+    broadcasts = sum(broadcast_steps(expected[root]) for root in range(n))
+    if comm.seq != start + broadcasts:
+        errors.append(
+            f"broadcast_object took {comm.seq - start} sequence numbers, not {broadcasts}"
+        )
     gathered = await comm.allgather_object(object_of(r))
     if not same(gathered, expected):
         errors.append(f"allgather_object: rank {r} got {gathered!r:.100}")
@@ -524,7 +535,7 @@ async def check_everything(comm: Communicator, errors: list[str]) -> None:
     got = await comm.alltoall_object(tuple(object_of(r * n + p) for p in range(n)))
     if not same(got, [object_of(q * n + r) for q in range(n)]):
         errors.append(f"alltoall_object: rank {r} got {got!r:.100}")
-    if comm.seq != start + 2 * n + 1 + 2 * len(roots) + 1:
+    if comm.seq != start + broadcasts + 1 + 2 * len(roots) + 1:
         errors.append(f"the object collectives took {comm.seq - start} sequence numbers")
 
 
@@ -605,7 +616,9 @@ async def test_world_of_one_checkpoints() -> None:
             assert await comm.scatter_object([2.5]) == 2.5
         with trio.testing.assert_checkpoints():
             assert await comm.alltoall_object(("x",)) == ["x"]
-        assert comm.seq == 6
+        with trio.testing.assert_checkpoints():
+            assert same(await comm.broadcast_object(HUGE), HUGE)
+        assert comm.seq == 7
 
 
 @pytest.mark.parametrize(
@@ -760,10 +773,27 @@ async def test_garbage_in_alltoall_object() -> None:
     )
 
 
-async def test_garbage_in_broadcast_object() -> None:
+def broadcast_head(size: int, inline: np.ndarray[Any, Any] | None = None) -> np.ndarray[Any, Any]:
+    """broadcast_object's first broadcast, as a root that announces ``size`` bytes sends it,
+    with ``inline`` after the length."""
+    head = np.zeros(BROADCAST_HEAD_BYTES, np.uint8)
+    head[:8] = np.frombuffer(size.to_bytes(8, "little", signed=True), np.uint8)
+    if inline is not None:
+        head[8 : 8 + inline.size] = inline
+    return head
+
+
+@pytest.mark.parametrize("inline", [True, False], ids=["in-the-first", "in-the-second"])
+async def test_garbage_in_broadcast_object(inline: bool) -> None:
     async def liar(comm: Communicator) -> None:
-        await comm.broadcast(np.array([GARBAGE_BYTES.size], np.int64), root=1)
-        await comm.broadcast(GARBAGE_BYTES.copy(), root=1)
+        if inline:
+            await comm.broadcast(broadcast_head(GARBAGE_BYTES.size, GARBAGE_BYTES), root=1)
+            return
+        # Announced as too long for the first broadcast: a second one follows.
+        garbage = np.zeros(BROADCAST_HEAD_BYTES, np.uint8)
+        garbage[: GARBAGE_BYTES.size] = GARBAGE_BYTES
+        await comm.broadcast(broadcast_head(garbage.size), root=1)
+        await comm.broadcast(garbage, root=1)
 
     await check_garbage_is_refused(
         3,
@@ -778,7 +808,7 @@ async def test_garbage_in_broadcast_object() -> None:
 @pytest.mark.parametrize("size", [0, 1, -5])
 async def test_broadcast_object_refuses_a_bad_length(size: int) -> None:
     async def liar(comm: Communicator) -> None:
-        await comm.broadcast(np.array([size], np.int64), root=0)
+        await comm.broadcast(broadcast_head(size), root=0)
 
     await check_garbage_is_refused(
         3,
@@ -788,6 +818,20 @@ async def test_broadcast_object_refuses_a_bad_length(size: int) -> None:
         {1, 2},
         f"announce an encoding of {size} bytes",
     )
+
+
+@pytest.mark.parametrize("extra", [0, 1])
+async def test_broadcast_object_at_the_edge_of_its_first_broadcast(extra: int) -> None:
+    """An encoding that just fits beside the length in the first broadcast takes one
+    sequence number; one byte more, and it follows in a second."""
+    obj = b"x" * (BROADCAST_HEAD_BYTES - 12 + extra)
+    assert len(_objects.encode(obj)) == BROADCAST_HEAD_BYTES - 8 + extra
+    async with trioring.testing.open_local_world(3) as comms:
+        results = await on_every_rank(
+            comms, lambda c: c.broadcast_object(obj if c.rank == 1 else None, root=1)
+        )
+        assert results == [obj] * 3
+        assert [c.seq for c in comms] == [1 + extra] * 3
 
 
 async def test_cancelled_between_the_two_broadcasts() -> None:
@@ -807,7 +851,8 @@ async def test_cancelled_between_the_two_broadcasts() -> None:
 
         async def root(comm: Communicator) -> None:
             with pytest.raises(trioring.PeerAbortedError) as info:
-                await comm.broadcast_object([1, 2, 3], root=0)
+                # Too large for the first broadcast, so a second follows.
+                await comm.broadcast_object(HUGE, root=0)
             outcome.append(info.value)
 
         async def other(comm: Communicator) -> None:
@@ -837,9 +882,9 @@ def test_real_processes(tmp_path: Path, transport: str) -> None:
     reports = run_reports(Path(__file__), [str(tmp_path)], tmp_path, 3, transport=transport)
     for report in reports:
         assert report["errors"] == [], report
-        # broadcast_object at 3 roots, allgather_object, gather_object and scatter_object
-        # at 3 roots, alltoall_object.
-        assert report["seq"] == 3 * 2 + 1 + 3 + 3 + 1
+        # broadcast_object at 3 roots (rank 1's object takes two broadcasts),
+        # allgather_object, gather_object and scatter_object at 3 roots, alltoall_object.
+        assert report["seq"] == 4 + 1 + 3 + 3 + 1
 
 
 async def worker(out_dir: str) -> None:

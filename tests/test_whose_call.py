@@ -7,7 +7,7 @@ number of dimensions in its frames, but knows its own trailing shape. Both name 
 ``allgatherv float32[rows, 2] #1`` (``[rows, *]`` from a frame), and the launcher takes a
 rank's own word on its call over what a peer saw of it.
 
-The object collectives run array collectives as their steps (broadcast_object two
+The object collectives run array collectives as their steps (broadcast_object one or two
 broadcasts, allgather_object an allgatherv): a rank names such a step with the method its
 caller called, ``allgatherv uint8[rows] #1 (in allgather_object)``, in a mismatch, a
 cancellation and every error about the call, since its caller never called an allgatherv.
@@ -205,7 +205,7 @@ UNEVEN_SCRIPT = """
         (
             "broadcast_object",
             "allreduce(sum) int64[1] #1",
-            "broadcast(root=0) int64[1] #1 (in broadcast_object)",
+            "broadcast(root=0) uint8[4096] #1 (in broadcast_object)",
         ),
     ],
 )
@@ -245,7 +245,7 @@ def test_a_step_of_another_method_names_it() -> None:
         pytest.param(
             lambda c: c.allreduce(np.ones(1, np.int64)),
             lambda c: c.broadcast_object({"lr": 0.1}, root=0),
-            "broadcast(root=0) int64[1] #1 (in broadcast_object)",
+            "broadcast(root=0) uint8[4096] #1 (in broadcast_object)",
             id="broadcast_object",
         ),
         pytest.param(

@@ -159,7 +159,7 @@ class OpSpec(NamedTuple):
         only the number of dimensions travels (the count of those calls' first frames,
         whose identity the ranks compare; the frames of their data, which follow from
         counts every rank agreed, carry totals), ``allgatherv float32[rows, *] #4``; a step
-        of another method ends with it: ``broadcast(root=0) int64[1] #1 (in
+        of another method ends with it: ``broadcast(root=0) uint8[4096] #1 (in
         broadcast_object)`` (only this rank knows: a peer's frames do not say)."""
         text = self._describe(rows)
         return text if self.within is None else f"{text} (in {self.within})"

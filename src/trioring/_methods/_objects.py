@@ -22,6 +22,16 @@ if TYPE_CHECKING:
 
 __all__ = ["ObjectMethods"]
 
+#: broadcast_object's first broadcast: the encoding's length (8 bytes, little-endian) and,
+#: when it fits in the rest, the encoding itself, so that a small object takes one
+#: collective, not two (a length, then the bytes). A 4 KiB broadcast costs about what an
+#: 8-byte one does (trioring bench, 2 vCPUs, AMD EPYC, over Unix sockets: 47.7 against
+#: 46.6 us at world 2, 277 against 281 at world 4; over TCP at world 2: 136 against 132),
+#: and configurations, flags and metrics fit. A 3-key dict's broadcast_object went from
+#: 148-154 to 109 us at world 2 and from 482-485 to 288-303 at world 4 (paired launches).
+BROADCAST_HEAD_BYTES = 4096
+_LENGTH_BYTES = 8
+
 
 class ObjectMethods(CommunicatorCore):
     """Mixed into :class:`trioring.Communicator`."""
@@ -135,13 +145,16 @@ class ObjectMethods(CommunicatorCore):
         code on every rank. A peer's bytes are decoded within those bounds, and anything
         that is not an encoding raises :class:`~trioring.ProtocolError`.
 
-        Two sequence numbers: a :meth:`broadcast` of the encoding's length (``int64[1]``),
-        then a :meth:`broadcast` of the encoding (``uint8``). Every rank must call
-        ``broadcast_object`` at the same point of its sequence of collectives. If the call is
-        cancelled between the two, the communicator is broken (as for a cancellation
-        inside a collective), so that no peer waits for the second. Errors and
-        cancellations name each step with this method: ``broadcast(root=0) int64[1] #1 (in
-        broadcast_object)`` (likewise for the other object collectives).
+        One sequence number for an encoding of up to ``BROADCAST_HEAD_BYTES - 8`` (4088)
+        bytes, two above: a :meth:`broadcast` of ``BROADCAST_HEAD_BYTES`` (``uint8``)
+        holding the encoding's length and, when it fits, the encoding; a larger encoding
+        follows in a second :meth:`broadcast` (``uint8``). Every rank learns from the first
+        which it is. Every rank must call ``broadcast_object`` at the same point of its
+        sequence of collectives. If the call is cancelled between the two, the
+        communicator is broken (as for a cancellation inside a collective), so that no peer
+        waits for the second. Errors and cancellations name each step with this method:
+        ``broadcast(root=0) uint8[4096] #1 (in broadcast_object)`` (likewise for the other
+        object collectives).
 
         Args:
             obj: on ``root``, the object to send; ignored elsewhere.
@@ -163,19 +176,34 @@ class ObjectMethods(CommunicatorCore):
         root = self._checked_root(label, root)
         is_root = self._rank == root
         data = self._encoded(label, obj) if is_root else None
-        size = np.array([0 if data is None else data.size], np.int64)
-        with steps_of(label):
-            await comm.broadcast(size, root=root)
+        inline = BROADCAST_HEAD_BYTES - _LENGTH_BYTES
         if data is None:
-            nbytes = int(size[0])
+            head = np.empty(BROADCAST_HEAD_BYTES, np.uint8)
+        else:
+            # Zeros after the encoding: nothing of this process's memory goes out.
+            head = np.zeros(BROADCAST_HEAD_BYTES, np.uint8)
+            head[:_LENGTH_BYTES] = np.frombuffer(
+                data.size.to_bytes(_LENGTH_BYTES, "little"), np.uint8
+            )
+            if data.size <= inline:
+                head[_LENGTH_BYTES : _LENGTH_BYTES + data.size] = data
+        with steps_of(label):
+            await comm.broadcast(head, root=root)
+        nbytes = int.from_bytes(head[:_LENGTH_BYTES].tobytes(), "little", signed=True)
+        if data is None:
             if nbytes < _objects.MIN_ENCODED_BYTES:
                 detail = f"announce an encoding of {nbytes} bytes"
                 await self._malformed(label, Kind.BROADCAST, root, detail)
-            try:
-                data = np.empty(nbytes, np.uint8)
-            except (MemoryError, ValueError) as exc:
-                await self._fail(exc, Kind.BROADCAST)
-                raise
+            if nbytes <= inline:
+                data = head[_LENGTH_BYTES : _LENGTH_BYTES + nbytes]
+            else:
+                try:
+                    data = np.empty(nbytes, np.uint8)
+                except (MemoryError, ValueError) as exc:
+                    await self._fail(exc, Kind.BROADCAST)
+                    raise
+        if nbytes <= inline:
+            return await self._decoded(label, Kind.BROADCAST, data, root)
         # Nothing between the two calls yields, so no other task's call can come between
         # them; but the second one raises Cancelled at once if a cancel scope fired during
         # the first, before any I/O, which would leave the peers waiting for it: break.
