@@ -385,7 +385,7 @@ def test_decoder_bounds() -> None:
         DEC(ENC([None] * 50), max_elements=10)
     # A million Nones decode (each is one byte); a million and one values do not.
     length = bytearray()
-    _objects._uleb(length, 1_000_000)
+    _objects._encode._uleb(length, 1_000_000)
     with pytest.raises(trioring.ProtocolError, match="more values than the limit"):
         DEC(b"\x01\x08" + length + bytes(1_000_000))
 
@@ -439,7 +439,14 @@ FORBIDDEN_MODULES |= {"copyreg", "importlib", "types", "ctypes"}
 FORBIDDEN_CALLS = {"eval", "exec", "compile", "__import__", "getattr", "globals", "locals"}
 
 
-@pytest.mark.parametrize("module", [_objects, sys.modules["trioring._methods._objects"]])
+CODEC_MODULES = [
+    *(sys.modules[f"trioring._objects.{name}"] for name in ("_format", "_encode", "_decode")),
+    _objects,
+    sys.modules["trioring._methods._objects"],
+]
+
+
+@pytest.mark.parametrize("module", CODEC_MODULES, ids=lambda module: module.__name__)
 def test_codec_uses_no_pickle_nor_code_execution(module: Any) -> None:
     """The codec and the object collectives import nothing that deserialises code and
     call no evaluator or dynamic lookup: decoding can only build the listed types."""
