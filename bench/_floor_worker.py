@@ -3,14 +3,15 @@ least any Python library built that way could take for a call of up to 256 KiB.
 
 bench/floor.py's limit is a 4-byte exchange. Above a few bytes the copies count too, so this
 is the same protocol trioring's segment runs for calls that fit its slots (see
-``trioring/_onehost/_shm_collectives.py`` and ``_copies.py``): every rank copies what its
-peers need into its own slot of a mapping shared by all, bumps its counter, waits (polling,
-``os.sched_yield`` between looks) until every peer's counter reached the same call, and
-copies or reduces what it needs out of the peers' slots with one numpy call per block, the
-same copies and reductions trioring's segment makes. Every rank waits for every rank in
-every call, as trioring's publication does (its mismatch checks need it). Slots alternate
-by the call's parity, as trioring's, so no "done" round is needed: a rank reaches call
-c + 2 only once every peer reached c + 1, that is, finished reading call c.
+``trioring/_onehost/_shm_collectives.py``, ``_shm_reductions.py`` and ``_copies.py``): every
+rank copies what its peers need into its own slot of a mapping shared by all, bumps its
+counter, waits (polling, ``os.sched_yield`` between looks) until every peer's counter
+reached the same call, and copies or reduces what it needs out of the peers' slots with one
+numpy call per block, the same copies and reductions trioring's segment makes. Every rank
+waits for every rank in every call, as trioring's publication does (its mismatch checks
+need it). Slots alternate by the call's parity, as trioring's, so no "done" round is
+needed: a rank reaches call c + 2 only once every peer reached c + 1, that is, finished
+reading call c.
 
 Left out, against trioring: the Trio event loop and its schedule point per call, argument
 checks, the call's identity (which every rank compares), cancellation, failure detection,

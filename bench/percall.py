@@ -26,7 +26,7 @@ import trio
 
 import trioring
 from trioring._collectives import _allreduce
-from trioring._onehost import _shm_collectives as shm
+from trioring._onehost import _shm_collectives as shm, _shm_reductions
 from trioring._wire import DTYPE_CODES, Kind, OpSpec
 
 
@@ -53,7 +53,7 @@ async def main(size: int, calls: int) -> None:
                 comm._seq += 1
                 waits = comm._waits.count
                 spec = OpSpec(Kind.ALLREDUCE, comm._seq, code, size, 1)
-                await shm.shm_allreduce(world, spec, x, np.add, divide=False)
+                await _shm_reductions.shm_allreduce(world, spec, x, np.add, divide=False)
                 if comm._waits.count == waits:
                     await trio.lowlevel.cancel_shielded_checkpoint()
 
@@ -95,7 +95,9 @@ async def main(size: int, calls: int) -> None:
             t4 = clock()
             await shm.shm_wait(world, spec)
             t5 = clock()
-            shm._reduce_rows(world, (parity, x.dtype, 0, size, -1), rows, x, np.add, False)
+            _shm_reductions._reduce_rows(
+                world, (parity, x.dtype, 0, size, -1), rows, x, np.add, False
+            )
             shm.shm_done(world, spec)
             t6 = clock()
             if comm._waits.count == waits:

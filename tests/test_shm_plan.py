@@ -15,7 +15,7 @@ import pytest
 
 from local_runs import force, on_every_rank
 from trioring._algorithms import World
-from trioring._onehost._shm_collectives import _reduce_plan, reduce_temporaries
+from trioring._onehost._shm_reductions import _reduce_plan, reduce_temporaries
 from trioring.testing import open_local_world
 
 if TYPE_CHECKING:

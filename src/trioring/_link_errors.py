@@ -91,7 +91,7 @@ class LinkErrors:
 
     def header_mismatch(self, spec: OpSpec, header: memoryview) -> CollectiveError:
         """The error for this link's peer having published, in shared memory, a frame header
-        other than the one of ``spec`` (see _onehost._shm_collectives.shm_allreduce)."""
+        other than the one of ``spec`` (see _onehost._shm_reductions.shm_allreduce)."""
         (magic, version, ftype, kind, op, dtype, root, seq, count, offset, nbytes) = (
             HEADER.unpack_from(header)
         )

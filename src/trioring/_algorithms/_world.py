@@ -13,7 +13,7 @@ from .._onehost._shm import LINE
 if TYPE_CHECKING:
     from .._framing import Link
     from .._onehost._shm import SharedSlots
-    from .._onehost._shm_collectives import ReducePlan
+    from .._onehost._shm_reductions import ReducePlan
     from .._wire import OpSpec
 
 __all__ = ["World", "awaited_ranks", "interrupted_wait"]

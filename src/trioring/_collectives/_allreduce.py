@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import _algorithms
-from .._onehost import _cma_collectives, _pipe, _shm, _shm_collectives
+from .._onehost import _cma_collectives, _pipe, _shm, _shm_reductions
 from .._wire import OP_NAMES
 from ._checks import Refused, check_array
 
@@ -97,10 +97,10 @@ def check(array: object, op: object) -> tuple[np.ndarray[Any, Any], ReduceOp]:
 
 def shm_bytes(world: World) -> int:
     """The largest array the shared-memory allreduce takes: its slot, and the scratch that
-    its reduction needs (see _onehost._shm_collectives.reduce_temporaries)."""
+    its reduction needs (see _onehost._shm_reductions.reduce_temporaries)."""
     limit = world.slot_reduce_bytes
     if limit < 0:
-        temporaries = _shm_collectives.reduce_temporaries(world.size)
+        temporaries = _shm_reductions.reduce_temporaries(world.size)
         limit = world.slot_reduce_bytes = min(
             _shm.SHM_MAX_BYTES, world.scratch.nbytes // temporaries
         )
@@ -138,7 +138,7 @@ def body(
     (Made here, one closure per call and no coroutine in between, so that a 4-byte allreduce
     pays nothing for the indirection.)"""
     if name == "shm":
-        algorithm = _shm_collectives.shm_allreduce
+        algorithm = _shm_reductions.shm_allreduce
     elif name == "cma":
         algorithm = _cma_collectives.cma_allreduce
     elif name == "pipe":

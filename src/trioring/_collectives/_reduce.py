@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import _algorithms
-from .._onehost import _cma_collectives, _pipe, _shm_collectives
+from .._onehost import _cma_collectives, _pipe, _shm_reductions
 from .._wire import DTYPE_CODES, NO_ROOT
 from . import _decision
 from ._allreduce import OP_CODES, UFUNCS, ReduceOp, check, shm_bytes
@@ -182,7 +182,7 @@ def reduce_scatter_body(
     ``name`` (``"shm"``, ``"pipe"``, ``"cma"``, ``"recursive_halving"`` or ``"ring"``), for
     reduce_scatter and reduce_scatterv alike."""
     if name == "shm":
-        algorithm = _shm_collectives.shm_reduce_scatter
+        algorithm = _shm_reductions.shm_reduce_scatter
     elif name == "pipe":
         algorithm = _pipe.pipe_reduce_scatter
     elif name == "cma":
@@ -210,7 +210,7 @@ def reduce_body(
     if name == "shm":
 
         async def through_the_segment(spec: OpSpec) -> None:
-            await _shm_collectives.shm_reduce(world, spec, flat, root, ufunc, divide=divide)
+            await _shm_reductions.shm_reduce(world, spec, flat, root, ufunc, divide=divide)
 
         return through_the_segment
     if name == "pipe":

@@ -19,7 +19,8 @@ MIN_ENCODED_BYTES = 2
 #: numpy's limit on dimensions (64 since numpy 2).
 MAX_NDIM = 64
 #: Arrays up to this size are copied into the header buffer; larger ones travel as their
-#: own buffer in :func:`~trioring._objects.encode_buffers` (no copy until the buffers are joined).
+#: own buffer in :func:`~trioring._objects.encode_buffers` (no copy until the buffers are
+#: joined).
 INLINE_ARRAY_BYTES = 4096
 
 NONE, FALSE, TRUE, INT, FLOAT, COMPLEX, STR, BYTES, LIST, TUPLE, DICT, NDARRAY = range(12)

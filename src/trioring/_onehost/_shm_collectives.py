@@ -5,21 +5,18 @@ peer's header names the same call (a mismatch raises as with sockets), and reads
 needs. No frame crosses a socket, so nothing needs a system call, and a wait ends as soon
 as the last peer's store lands. The connections stay open and watched: a peer that gives up
 sends its abort frame there, and one that dies closes them. Here: the publication and its
-waits, which _pipe, _copies and _cma_collectives use too; the barrier, the broadcast and
-the reductions (allreduce, reduce_scatter, reduce)."""
+waits, which _shm_reductions, _pipe, _copies and _cma_collectives use too; the barrier and
+the broadcast."""
 
 from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING
 
-import attrs
-import numpy as np
 import trio
 
 from .._framing import SPIN_SLICE_SECONDS
-from .._util import ignore_fp_errors
 from .._wire import pack_data_header
 from ._cpus import cpu_vendor
 from ._shm import (
@@ -33,12 +30,13 @@ from ._shm import (
 )
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from .._algorithms import World
     from .._wire import OpSpec
 
 __all__ = [
     "SHM_SPIN_SECONDS",
-    "shm_allreduce",
     "shm_barrier",
     "shm_broadcast",
     "shm_claim",
@@ -49,8 +47,6 @@ __all__ = [
     "shm_publish",
     "shm_reach",
     "shm_ready",
-    "shm_reduce",
-    "shm_reduce_scatter",
     "shm_wait",
 ]
 
@@ -434,175 +430,4 @@ async def _broadcast_pieces(
             # The call's schedule point is behind it (shm_point), so this polls at once.
             await _shm_poll(world, spec, [word], base + k, pointed=True)
         flat[lo : lo + step] = slot[lo : lo + step]
-    shm_done(world, spec)
-
-
-#: One step of a shared-memory reduction: ``reduce(a, b, out=out)``, where an ``out`` of
-#: None stands for the caller's result, and an ``a`` or ``b`` of None for the caller's own
-#: input, read where it lies instead of from its slot (both differ from call to call; the
-#: plan is cached).
-_Step = tuple["np.ndarray | None", "np.ndarray | None", "np.ndarray | None"]
-
-
-@final
-@attrs.frozen
-class ReducePlan:
-    """The steps of one shared-memory allreduce of a given slot, dtype and length, with the
-    views they work on, made once (see :func:`shm_allreduce`)."""
-
-    steps: tuple[_Step, ...]
-
-
-def reduce_temporaries(world_size: int) -> int:
-    """How many arrays of scratch the reduction of :func:`_reduce_plan` needs at most: two
-    per level of the tree below the root, ``2 log2 p``, ``p`` the largest power of two <=
-    ``world_size``."""
-    return max(1, 2 * (world_size.bit_length() - 1))
-
-
-def _reduce_plan(world: World, rows: np.ndarray, own: int = -1) -> ReducePlan:
-    """Recursive doubling's order of operations over the ``(n, count)`` slot rows (row
-    ``own``, if any, stands for the caller's input, which is not in its slot): leaf r is
-    ``reduce(row r, row r + p)`` for the ranks folded in (``r < n - p``, ``p`` the largest
-    power of two <= n) and row r otherwise, then neighbours pair up, lower first, level by
-    level: the tree whose result the socket path's every rank ends with. Evaluated depth
-    first, each node's halves into the two scratch arrays of the level below it, so it
-    needs :func:`reduce_temporaries` arrays of scratch rather than a whole level's worth.
-    No step works in place: numpy's in-place loop for one complex element rounds
-    differently from its out-of-place one (seen with complex64 products), and the socket
-    path never reduces one element in place."""
-    n, count = rows.shape
-    nbytes = count * rows.dtype.itemsize
-    p = 1 << (n.bit_length() - 1)
-    extra = n - p
-    temporaries = [
-        world.scratch[i * nbytes : (i + 1) * nbytes].view(rows.dtype)
-        for i in range(reduce_temporaries(n))
-    ]
-    steps: list[_Step] = []
-
-    def leaf(q: int) -> np.ndarray | None:
-        return None if q == own else rows[q]
-
-    def build(lo: int, size: int, dest: np.ndarray | None, level: int) -> np.ndarray | None:
-        if size == 1:
-            if lo < extra:
-                steps.append((leaf(lo), leaf(lo + p), dest))
-                return dest
-            return leaf(lo)
-        half = size // 2
-        # Below the top, dest is a temporary: None here can only be the caller's input.
-        left = build(lo, half, temporaries[2 * level], level + 1)
-        right = build(lo + half, half, temporaries[2 * level + 1], level + 1)
-        steps.append((left, right, dest))
-        return dest
-
-    build(0, p, None, 0)
-    return ReducePlan(tuple(steps))
-
-
-async def shm_allreduce(
-    world: World,
-    spec: OpSpec,
-    flat: np.ndarray,
-    reduce: np.ufunc,
-    *,
-    divide: bool,
-) -> None:
-    """Allreduce through the shared segment: every rank publishes its array, then reduces
-    all of them in recursive doubling's order (see :func:`_reduce_plan`), so the result is
-    bitwise identical on every rank, and to the socket path's. Needs
-    :func:`reduce_temporaries` arrays' worth of scratch."""
-    parity, rows = await shm_exchange(world, spec, flat)
-    _reduce_rows(world, (parity, flat.dtype, 0, flat.shape[0], -1), rows, flat, reduce, divide)
-    shm_done(world, spec)
-
-
-def _reduce_rows(
-    world: World,
-    key: tuple[int, np.dtype, int, int, int],
-    rows: np.ndarray,
-    out: np.ndarray,
-    reduce: np.ufunc,
-    divide: bool,
-    mine: np.ndarray | None = None,
-) -> None:
-    """Reduce the ``(n, count)`` ``rows`` (slot rows, or a range of their columns) into
-    ``out`` by the cached plan ``key`` names (slot parity, dtype, first and end column, and
-    the row that ``mine``, this rank's input, stands for, or -1: none)."""
-    plan = world.shm_plans.get(key)
-    if plan is None:
-        if len(world.shm_plans) >= 8:
-            world.shm_plans.clear()
-        plan = world.shm_plans[key] = _reduce_plan(world, rows, key[4])
-    with ignore_fp_errors():
-        for a, b, into in plan.steps:
-            reduce(
-                mine if a is None else a,
-                mine if b is None else b,
-                out=out if into is None else into,
-            )
-        if divide:
-            np.divide(out, world.size, out=out)
-
-
-async def shm_reduce_scatter(
-    world: World,
-    spec: OpSpec,
-    flat: np.ndarray,
-    bounds: list[int],
-    out: np.ndarray,
-    reduce: np.ufunc,
-    *,
-    divide: bool,
-) -> None:
-    """Reduce-scatter through the shared segment: every rank publishes its input, then
-    reduces its own block ``[bounds[r], bounds[r + 1])`` of every rank's, in the order
-    of :func:`_reduce_plan`, into ``out``. Blocks may differ in size (reduce_scatterv).
-    A rank's own block is read where it lies, never from its slot, so only the blocks its
-    peers read go there: 1/n of the copy in fewer. At world 2, in two runs of
-    ``bench/paired.py`` alternating with the code before, 256 KiB took 36.5-36.7 us against
-    38.5-38.6 (64 KiB: 26.5-27.1 against 27.2-27.3)."""
-    r = world.rank
-    lo, hi = bounds[r], bounds[r + 1]
-    parity, rows = await shm_exchange(world, spec, flat, unread=(lo, hi))
-    mine = flat[lo:hi]
-    if world.size == 1:
-        out[...] = mine
-    # Never in place: ``out`` was checked not to overlap ``flat``.
-    _reduce_rows(world, (parity, flat.dtype, lo, hi, r), rows[:, lo:hi], out, reduce, divide, mine)
-    shm_done(world, spec)
-
-
-async def shm_reduce(
-    world: World,
-    spec: OpSpec,
-    flat: np.ndarray,
-    root: int,
-    reduce: np.ufunc,
-    *,
-    divide: bool,
-) -> None:
-    """Reduce through the shared segment: every rank publishes its array (and the call, so
-    ranks that disagree about the root raise on every rank), the root reduces them all in
-    the order of :func:`_reduce_plan` into its ``flat``; the others' arrays are only read.
-    The root reads its own array where it lies, never from its slot, which it leaves
-    unwritten, as :func:`~._copies.shm_gather`'s root does: one copy of the array fewer on
-    the rank that does all the arithmetic. Except for complex dtypes: that reduces the
-    root's array in place where its leaf meets the top of the tree, and numpy's in-place
-    loops for complex numbers can round differently from its out-of-place ones (seen with
-    complex64 products, see :func:`_reduce_plan`); real and integer arithmetic rounds each
-    element the same either way. At world 2 (``bench/paired.py``, runs alternating with the
-    code before) 64 KiB took 21.9-22.8 us against 24.9-25.6 (two runs), 256 KiB 37.3-37.6
-    against 40.8-41.3 (two runs). The root, which waits for its peers' copies whatever
-    happens, takes its schedule point while they copy (:func:`shm_point`): 64 KiB at world
-    2 then took 20.5-20.9 us against 21.8-22.0 (4 bytes, 256 KiB even; a gather's root,
-    which waits the same way, measured 1 us slower so, and keeps its wait's first look)."""
-    own = root if flat.dtype.kind != "c" else -1
-    parity, rows = await shm_exchange(
-        world, spec, flat, write=world.rank != own, point=world.rank == own
-    )
-    if world.rank == root:
-        key = (parity, flat.dtype, 0, flat.shape[0], own)
-        _reduce_rows(world, key, rows, flat, reduce, divide, flat)
     shm_done(world, spec)
