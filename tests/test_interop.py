@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 
+import trioring
 from clean_env import clean_env
 from netns import Hosts, open_hosts
 
@@ -64,14 +65,31 @@ def check_world(found: list[dict[str, Any]], size: int, transport: str) -> None:
         assert report["transport"] == transport
         assert report["allreduce_ok"], report
         assert report["broadcast_ok"], report
+        # Unix sockets bring the one-host paths with them; TCP never does.
+        one_host = {"shm", "cma"} & set(report["features"])
+        expected = (
+            {name for name in ("shm", "cma") if trioring.is_available(name)}
+            if transport == "unix"
+            else set()
+        )
+        assert one_host == expected, report
 
 
-def test_under_torchrun(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("chosen", "transport"),
+    [(None, "unix"), ("tcp", "tcp")],
+    ids=["every-rank-local-takes-unix", "tcp-when-asked"],
+)
+def test_under_torchrun(tmp_path: Path, chosen: str | None, transport: str) -> None:
+    """torchrun always sets MASTER_ADDR; with every rank on this host (LOCAL_WORLD_SIZE ==
+    WORLD_SIZE) the ranks meet there and then talk over Unix sockets and the one-host
+    paths, unless TRIORING_TRANSPORT says otherwise."""
     torchrun = Path(sys.executable).with_name("torchrun")
     assert torchrun.exists(), (
         "torchrun is missing: install the interop dependency group (make test does it)"
     )
     port = free_port_pair()
+    extra = {} if chosen is None else {"TRIORING_TRANSPORT": chosen}
     result = subprocess.run(
         [
             str(torchrun),
@@ -81,7 +99,7 @@ def test_under_torchrun(tmp_path: Path) -> None:
             f"--master-port={port}",
             str(WORKER),
         ],
-        env=clean_env(OMP_NUM_THREADS="1"),
+        env=clean_env(OMP_NUM_THREADS="1", **extra),
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -89,7 +107,7 @@ def test_under_torchrun(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    check_world(reports(result.stdout), 3, "tcp")
+    check_world(reports(result.stdout), 3, transport)
 
 
 def test_under_open_mpi(tmp_path: Path) -> None:
@@ -111,10 +129,18 @@ def test_under_open_mpi(tmp_path: Path) -> None:
     check_world(reports(result.stdout), 3, "unix")
 
 
-def test_under_open_mpi_over_tcp(tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("chosen", "transport"),
+    [(None, "unix"), ("tcp", "tcp")],
+    ids=["every-rank-local-takes-unix", "tcp-when-asked"],
+)
+def test_under_open_mpi_with_an_address(tmp_path: Path, chosen: str | None, transport: str) -> None:
+    """With MASTER_ADDR the ranks meet there; every rank being local, they then talk over
+    Unix sockets, unless TRIORING_TRANSPORT says otherwise."""
     mpirun = shutil.which("mpirun")
     assert mpirun is not None, "mpirun is missing: install Debian's openmpi-bin"
     port = free_port_pair()
+    chosen_args = [] if chosen is None else ["-x", f"TRIORING_TRANSPORT={chosen}"]
     result = subprocess.run(
         [
             mpirun,
@@ -126,6 +152,7 @@ def test_under_open_mpi_over_tcp(tmp_path: Path) -> None:
             "MASTER_ADDR=127.0.0.1",
             "-x",
             f"MASTER_PORT={port}",
+            *chosen_args,
             sys.executable,
             str(WORKER),
         ],
@@ -137,7 +164,7 @@ def test_under_open_mpi_over_tcp(tmp_path: Path) -> None:
         check=False,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    check_world(reports(result.stdout), 3, "tcp")
+    check_world(reports(result.stdout), 3, transport)
 
 
 # -- several hosts, for real: network namespaces --------------------------------------------

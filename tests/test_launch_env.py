@@ -107,10 +107,53 @@ def test_slurm_without_secret_is_refused_for_remote_hosts() -> None:
         config(SLURM)
 
 
+def test_torchrun_with_every_rank_here_takes_unix_sockets() -> None:
+    """torchrun always gives an address: the ranks meet there, then talk over Unix sockets
+    (and the one-host paths) when its one agent started them all."""
+    c = config(TORCHRUN)
+    assert (c.transport, c.socket_dir, c.rendezvous_over_socket_dir) == ("unix", None, False)
+    assert (
+        c.transport_source == "torchrun (every rank on this host: LOCAL_WORLD_SIZE == WORLD_SIZE)"
+    )
+    # Two nodes of three ranks each: TCP, as before.
+    two_nodes = {**TORCHRUN, "WORLD_SIZE": "6", "GROUP_WORLD_SIZE": "2"}
+    assert config(two_nodes).transport == "tcp"
+    # An older torchrun without LOCAL_WORLD_SIZE cannot say: TCP.
+    unsaid = {k: v for k, v in TORCHRUN.items() if k != "LOCAL_WORLD_SIZE"}
+    assert config(unsaid).transport == "tcp"
+    # The user's choice wins, and a world of one needs no transport of its own.
+    assert config({**TORCHRUN, "TRIORING_TRANSPORT": "tcp"}).transport == "tcp"
+    assert config(TORCHRUN, transport="tcp").transport == "tcp"
+    alone = {**TORCHRUN, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1"}
+    assert config(alone).transport == "tcp"
+
+
 def test_open_mpi_with_an_address() -> None:
     c = config({**OPENMPI, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "23000"})
-    assert (c.rank, c.world_size, c.transport) == (2, 3, "tcp")
+    # Every rank on this host: they meet at the address, then talk over Unix sockets.
+    assert (c.rank, c.world_size, c.transport) == (2, 3, "unix")
+    assert (c.master_addr, c.master_port, c.rendezvous_over_socket_dir) == (
+        "127.0.0.1",
+        23000,
+        False,
+    )
     assert c.credentials.job_id == "PMIX_NAMESPACE=prterun-host-12345@1"
+    tcp = {
+        **OPENMPI,
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": "23000",
+        "TRIORING_TRANSPORT": "tcp",
+    }
+    assert config(tcp).transport == "tcp"
+    across = {**OPENMPI, "OMPI_COMM_WORLD_LOCAL_SIZE": "1", "MASTER_ADDR": "127.0.0.1"}
+    assert config({**across, "MASTER_PORT": "23000"}).transport == "tcp"
+
+
+def test_mpi_on_one_host_with_a_socket_dir(tmp_path: Path) -> None:
+    os.chmod(tmp_path, 0o700)
+    c = config({**MPICH, "TRIORING_SOCKET_DIR": str(tmp_path)})
+    assert (c.transport, c.socket_dir, c.master_addr) == ("unix", str(tmp_path), None)
+    assert c.rendezvous_over_socket_dir
 
 
 @pytest.mark.parametrize("env", [OPENMPI, MPICH], ids=["openmpi", "mpich"])

@@ -178,18 +178,18 @@ def resolve(
         raw_transport = env.get("TRIORING_TRANSPORT", "").strip()
         transport = raw_transport or DEFAULT_TRANSPORT
         transport_source = f"TRIORING_TRANSPORT={raw_transport!r}" if raw_transport else "default"
-        if (
-            not raw_transport
-            and size > 1
-            and master_addr is None
-            and socket_dir is None
-            and hints.local_socket_dir is not None
-        ):
-            # An MPI launcher started every rank on this host and gave no address: Unix
-            # sockets in a directory every rank can name by itself need none.
-            transport, transport_source = "unix", f"{hints.launcher} (all ranks on this host)"
-            socket_dir = _ensure_private_dir(hints.local_socket_dir)
-            socket_dir_derived = True
+        if not raw_transport and size > 1 and hints.all_local is not None:
+            # The launcher started every rank on this host: Unix sockets, and with them the
+            # one-host paths (shared segment, cross-memory attach), 2-10x faster than TCP
+            # loopback for small and large calls alike. With no address, the ranks meet in a
+            # directory each names by itself; with one (torchrun always gives one), there.
+            local = f"{hints.launcher} (every rank on this host: {hints.all_local})"
+            if master_addr is not None or socket_dir is not None:
+                transport, transport_source = "unix", local
+            elif hints.local_socket_dir is not None:
+                transport, transport_source = "unix", local
+                socket_dir = _ensure_private_dir(hints.local_socket_dir)
+                socket_dir_derived = True
     elif not isinstance(transport, str) or not transport:
         raise ConfigurationError(f"transport= must be a transport name, got {transport!r}")
     else:

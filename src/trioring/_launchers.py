@@ -45,7 +45,11 @@ class LauncherHints:
     world_size: tuple[str, str] | None = None
     master_addr: tuple[str, str] | None = None
     master_port: tuple[str, str] | None = None
-    #: All ranks of the job run on this host: Unix sockets in this directory need no address.
+    #: Every rank of the job runs on this host, as the launcher says (the variables that say
+    #: so, for messages), or None: trioring then takes Unix sockets and its one-host paths.
+    all_local: str | None = None
+    #: Where those ranks can meet without an address (a directory each derives by itself),
+    #: or None: the rendezvous then goes through the address the launcher gave.
     local_socket_dir: str | None = None
 
 
@@ -112,6 +116,12 @@ def _local_socket_dir(job: str) -> str:
     return os.path.join(tempfile.gettempdir(), f"trioring-{os.getuid()}-{safe}")
 
 
+def _same(env: Mapping[str, str], local: str, world: str) -> str | None:
+    """``"local == world"`` where both variables are set and equal: every rank is local."""
+    size = _get(env, world)
+    return f"{local} == {world}" if size is not None and _get(env, local) == size else None
+
+
 def detect(env: Mapping[str, str]) -> LauncherHints:
     """Read the launcher variables of ``env`` (never the process environment itself)."""
     if _get(env, "TORCHELASTIC_RUN_ID") or env.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
@@ -122,32 +132,38 @@ def detect(env: Mapping[str, str]) -> LauncherHints:
                 str(int(port) + 1),
                 "MASTER_PORT+1 (torchrun's agent listens on MASTER_PORT)",
             )
-        return LauncherHints(launcher="torchrun", master_port=derived)
+        # One agent per node starts LOCAL_WORLD_SIZE ranks: equal to WORLD_SIZE, this node's
+        # agent is the only one (torchrun always sets MASTER_ADDR: no directory needed).
+        return LauncherHints(
+            launcher="torchrun",
+            master_port=derived,
+            all_local=_same(env, "LOCAL_WORLD_SIZE", "WORLD_SIZE"),
+        )
 
     if _get(env, "OMPI_COMM_WORLD_RANK") is not None:
         rank, size = _get(env, "OMPI_COMM_WORLD_RANK"), _get(env, "OMPI_COMM_WORLD_SIZE")
-        local_size = _get(env, "OMPI_COMM_WORLD_LOCAL_SIZE")
+        all_local = _same(env, "OMPI_COMM_WORLD_LOCAL_SIZE", "OMPI_COMM_WORLD_SIZE")
         job = _get(env, "PMIX_NAMESPACE") or _get(env, "OMPI_MCA_ess_base_jobid")
         return LauncherHints(
             launcher="openmpi",
             rank=(rank, "OMPI_COMM_WORLD_RANK") if rank else None,
             world_size=(size, "OMPI_COMM_WORLD_SIZE") if size else None,
+            all_local=all_local,
             local_socket_dir=_local_socket_dir(f"ompi-{job or os.getppid()}")
-            if size is not None and local_size == size
+            if all_local
             else None,
         )
 
     if _get(env, "PMI_RANK") is not None:
         rank, size = _get(env, "PMI_RANK"), _get(env, "PMI_SIZE")
-        local_size = _get(env, "MPI_LOCALNRANKS")
+        all_local = _same(env, "MPI_LOCALNRANKS", "PMI_SIZE")
         # Hydra sets no job id; the ranks on one host share their parent, the proxy.
         return LauncherHints(
             launcher="mpich",
             rank=(rank, "PMI_RANK") if rank else None,
             world_size=(size, "PMI_SIZE") if size else None,
-            local_socket_dir=_local_socket_dir(f"hydra-{os.getppid()}")
-            if size is not None and local_size == size
-            else None,
+            all_local=all_local,
+            local_socket_dir=_local_socket_dir(f"hydra-{os.getppid()}") if all_local else None,
         )
 
     if _get(env, "SLURM_PROCID") is not None:

@@ -29,6 +29,7 @@ async def main() -> None:
                         "rank": r,
                         "world_size": n,
                         "transport": comm.transport,
+                        "features": sorted(comm.features),
                         "allreduce_ok": bool(np.array_equal(x, expected)),
                         "broadcast_ok": bool((y == n - 1).all()),
                     }
