@@ -1,9 +1,12 @@
 """trioring under the launchers people already use, and across (namespaced) hosts.
 
 * torchrun: torch's CPU wheel comes from the ``interop`` dependency group (installed by
-  ``make test``). Its agent holds ``MASTER_PORT``; trioring uses ``MASTER_PORT + 1``.
+  ``make test``). Its agent holds ``MASTER_PORT``; trioring uses ``MASTER_PORT + 1``, then
+  Unix sockets, every rank being local. Tensors passed where arrays belong are refused with
+  what to pass instead.
 * Open MPI mpirun: Debian's ``openmpi-bin`` (installed by ``make test`` when running as root,
-  as CI does); all ranks on one host, so Unix sockets and no address at all.
+  as CI does); all ranks on one host, so Unix sockets, with no address at all or meeting at
+  the one given.
 * Three network namespaces joined by a bridge, one rank in each with its own non-loopback
   address, talking TCP with a shared secret. Needs root (CI has it); if the namespaces cannot
   be created the test fails with the reason.
@@ -21,7 +24,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pytest
+import trio
 
 import trioring
 from clean_env import clean_env
@@ -127,6 +132,41 @@ def test_under_open_mpi(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     # All ranks on one host and no address given: Unix sockets, no TCP port at all.
     check_world(reports(result.stdout), 3, "unix")
+
+
+async def test_torch_tensors_are_refused_with_what_to_pass() -> None:
+    """A torch user's first call passes a tensor: every entry point says what to pass
+    instead, and what it says works (a CPU tensor's numpy view is its memory)."""
+    import torch
+
+    async with trioring.testing.open_local_world(2) as comms:
+        a = comms[0]
+        tensor = torch.ones(3)
+        parameter = torch.nn.Parameter(torch.ones(3))
+        calls = [
+            (
+                lambda: a.allreduce(tensor),
+                "allreduce #1: expected a numpy.ndarray, got torch.Tensor",
+            ),
+            (lambda: a.allreduce(parameter), "got torch.nn.parameter.Parameter: pass t.detach()"),
+            (lambda: a.allgather(np.ones(3), out=tensor), "out=: expected a numpy.ndarray, got"),
+            (
+                lambda: a.send(tensor, dest=1),
+                "send(dest=1, tag=0): expected a numpy array, got torch",
+            ),
+            (lambda: a.broadcast_object({"w": tensor}, root=0), 'obj["w"]: torch.Tensor is not'),
+        ]
+        for call, message in calls:
+            with pytest.raises(trioring.InvalidArgumentError, match=re.escape(message)) as info:
+                await call()
+            assert ".numpy()" in str(info.value)
+    async with trioring.testing.open_local_world(2) as comms:
+        tensors = [torch.full((3,), float(rank + 1)) for rank in range(2)]
+        async with trio.open_nursery() as nursery:
+            for comm, tensor in zip(comms, tensors, strict=True):
+                nursery.start_soon(comm.allreduce, tensor.detach().numpy())
+        for tensor in tensors:
+            assert tensor.tolist() == [3.0, 3.0, 3.0]
 
 
 @pytest.mark.parametrize(

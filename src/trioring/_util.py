@@ -75,3 +75,15 @@ class ignore_fp_errors:
             _extobj_contextvar.reset(self._token)
         else:
             self._token.__exit__(*exc_info)
+
+
+def torch_tensor_hint(value: object) -> str | None:
+    """What to pass instead of ``value`` if it is a torch tensor (or a subclass, such as a
+    Parameter), else None. Found by name: trioring neither imports nor depends on torch."""
+    if not any(c.__module__ == "torch" and c.__qualname__ == "Tensor" for c in type(value).__mro__):
+        return None
+    return (
+        "pass t.detach().numpy(), which for a CPU tensor is a view of the same memory (an "
+        "in-place collective updates the tensor); copy a tensor on another device to the CPU "
+        "first (t.cpu().numpy()) and the result back"
+    )
