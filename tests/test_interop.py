@@ -288,3 +288,40 @@ def test_under_trioring_run(tmp_path: Path, transport: str) -> None:
     )
     assert result.returncode == 0, result.stdout + result.stderr
     check_world(reports(result.stdout), 3, transport)
+
+
+def test_srun_environment_on_one_node(tmp_path: Path) -> None:
+    """What ``srun -N 1 -n 3`` gives each task (no SLURM in CI: the processes are started with
+    its variables): they meet in a directory named after the job and step, with no address,
+    port or secret, and then talk over Unix sockets."""
+    job = str(900_000 + secrets.randbelow(99_999))  # a directory of its own for this run
+    common = {
+        "SLURM_JOB_ID": job,
+        "SLURM_STEP_ID": "0",
+        "SLURM_NTASKS": "3",
+        "SLURM_STEP_NUM_NODES": "1",
+        "SLURM_JOB_NODELIST": "node01",
+        "SLURM_STEP_NODELIST": "node01",
+        "SLURM_NODEID": "0",
+    }
+    processes = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER)],
+            env=clean_env(**common, SLURM_PROCID=str(rank), SLURM_LOCALID=str(rank)),
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(3)
+    ]
+    try:
+        outputs = [process.communicate(timeout=TIMEOUT) for process in processes]
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    for process, (out, err) in zip(processes, outputs, strict=True):
+        assert process.returncode == 0, out + err
+    check_world(reports("".join(out for out, _ in outputs)), 3, "unix")

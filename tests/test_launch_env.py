@@ -52,6 +52,7 @@ SLURM = {
     "SLURM_JOB_NODELIST": "gpu[07-09,12]",
     "SLURM_STEP_NODELIST": "gpu[07-09,12]",
     "SLURM_TASKS_PER_NODE": "2(x4)",
+    "SLURM_STEP_NUM_NODES": "4",
 }
 
 
@@ -100,6 +101,37 @@ def test_slurm_rank_size_address_port() -> None:
     # MASTER_ADDR / MASTER_PORT set in the job script win over the derived ones.
     c = config({**SLURM, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "23456"})
     assert (c.master_addr, c.master_port) == ("127.0.0.1", 23456)
+
+
+def test_slurm_step_on_one_node_needs_no_address_nor_secret(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """srun -N 1 -n 4: the tasks meet in a directory named after the job and step, so no
+    node name (which would need a secret) and no port; then Unix sockets."""
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    one_node = {
+        **SLURM,
+        "SLURM_PROCID": "3",
+        "SLURM_NTASKS": "4",
+        "SLURM_NODEID": "0",
+        "SLURM_STEP_NUM_NODES": "1",
+        "SLURM_JOB_NODELIST": "gpu07",
+        "SLURM_STEP_NODELIST": "gpu07",
+        "SLURM_TASKS_PER_NODE": "4",
+    }
+    c = config(one_node)
+    assert (c.rank, c.world_size, c.transport, c.master_addr) == (3, 4, "unix", None)
+    assert c.rendezvous_over_socket_dir
+    assert c.socket_dir == str(tmp_path / f"trioring-{os.getuid()}-slurm-4242.0")
+    assert c.transport_source == "slurm (every rank on this host: SLURM_STEP_NUM_NODES == 1)"
+    # Every task derives the same directory; the next step another one.
+    assert config({**one_node, "SLURM_PROCID": "0"}).socket_dir == c.socket_dir
+    assert config({**one_node, "SLURM_STEP_ID": "1"}).socket_dir != c.socket_dir
+    # An address set in the job script is where they meet; TRIORING_TRANSPORT still wins.
+    given = config({**one_node, "MASTER_ADDR": "127.0.0.1"})
+    assert (given.transport, given.master_addr, given.master_port) == ("unix", "127.0.0.1", 19242)
+    with pytest.raises(trioring.ConfigurationError, match="MASTER_ADDR is not set"):
+        config({**one_node, "TRIORING_TRANSPORT": "tcp"})
 
 
 def test_slurm_without_secret_is_refused_for_remote_hosts() -> None:

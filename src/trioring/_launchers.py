@@ -12,7 +12,12 @@ trioring reads its settings in this order (first found wins): an explicit argume
 * MPICH / Hydra ``mpiexec``: ``PMI_RANK`` / ``PMI_SIZE``; all-local runs (``MPI_LOCALNRANKS``
   equals the size) likewise.
 * SLURM ``srun``: ``SLURM_PROCID`` / ``SLURM_NTASKS``; the address is the first host of
-  ``SLURM_STEP_NODELIST`` (or ``SLURM_JOB_NODELIST``), the port ``15000 + SLURM_JOB_ID % 10000``.
+  ``SLURM_STEP_NODELIST`` (or ``SLURM_JOB_NODELIST``), the port
+  ``15000 + SLURM_JOB_ID % 10000``; a step on one node (``SLURM_STEP_NUM_NODES`` is 1) needs
+  neither, as all-local MPI runs.
+
+Where the launcher says every rank is on this host (torchrun: ``LOCAL_WORLD_SIZE`` equals
+``WORLD_SIZE``), the transport is Unix sockets, meeting at an address where one is given.
 
 Under torchrun the agent's own store already listens on ``MASTER_PORT``
 (``TORCHELASTIC_USE_AGENT_STORE=True``), so trioring's rank 0 listens on the next port unless
@@ -176,20 +181,26 @@ def detect(env: Mapping[str, str]) -> LauncherHints:
             ),
             None,
         )
+        job = _get(env, "SLURM_JOB_ID")
+        # A step on one node: every task is local, and they meet in a directory named after
+        # the job and step, with no address (the node's name would need a secret) nor port.
+        one_node = _get(env, "SLURM_STEP_NUM_NODES") == "1" and job is not None
         master_addr = None
-        if nodelist_var is not None:
+        if nodelist_var is not None and not one_node:
             hosts = expand_hostlist(env[nodelist_var])
             if hosts:
                 master_addr = (hosts[0], f"first host of {nodelist_var}")
-        job = _get(env, "SLURM_JOB_ID")
         master_port = None
         if job is not None and job.isdigit():
             master_port = (str(15000 + int(job) % 10000), "15000 + SLURM_JOB_ID % 10000")
+        step = _get(env, "SLURM_STEP_ID") or "batch"
         return LauncherHints(
             launcher="slurm",
             rank=(rank, "SLURM_PROCID") if rank else None,
             world_size=(size, "SLURM_NTASKS") if size else None,
             master_addr=master_addr,
             master_port=master_port,
+            all_local="SLURM_STEP_NUM_NODES == 1" if one_node else None,
+            local_socket_dir=_local_socket_dir(f"slurm-{job}.{step}") if one_node else None,
         )
     return LauncherHints()
