@@ -325,3 +325,36 @@ def test_srun_environment_on_one_node(tmp_path: Path) -> None:
     for process, (out, err) in zip(processes, outputs, strict=True):
         assert process.returncode == 0, out + err
     check_world(reports("".join(out for out, _ in outputs)), 3, "unix")
+
+
+@pytest.mark.parametrize("launcher", ["trioring run", "torchrun", "mpirun"])
+def test_a_long_tmpdir_still_gets_unix_sockets(tmp_path: Path, launcher: str) -> None:
+    """Some clusters give each job a long TMPDIR. A socket's path must fit in 107 bytes, so
+    the socket directories then go under /tmp instead: the job still runs on Unix
+    sockets, whichever launcher makes them (each makes its own kind of directory)."""
+    long_tmpdir = tmp_path / ("job-scratch-" + "x" * 60) / "tmp"
+    long_tmpdir.mkdir(parents=True)
+    assert len(str(long_tmpdir)) > 80
+    commands = {
+        "trioring run": [sys.executable, "-m", "trioring", "run", "-n", "3", "--no-tag-output"],
+        "torchrun": [
+            str(Path(sys.executable).with_name("torchrun")),
+            *("--nnodes=1", "--nproc-per-node=3", "--master-addr=127.0.0.1"),
+            f"--master-port={free_port_pair()}",
+        ],
+        "mpirun": [
+            *(shutil.which("mpirun") or "mpirun", "--allow-run-as-root", "--oversubscribe"),
+            *("-np", "3", sys.executable),
+        ],
+    }
+    result = subprocess.run(
+        [*commands[launcher], str(WORKER)],
+        env=clean_env(TMPDIR=str(long_tmpdir), OMP_NUM_THREADS="1"),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT,
+        check=False,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    check_world(reports(result.stdout), 3, "unix")

@@ -4,7 +4,10 @@ shared notes) and the documented precedence."""
 from __future__ import annotations
 
 import os
+import shutil
 import stat
+import tempfile
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
@@ -14,7 +17,7 @@ from trioring._config import Config, resolve
 from trioring._launchers import detect, expand_hostlist
 
 if TYPE_CHECKING:
-    from pathlib import Path
+    from collections.abc import Iterator
 
 # Recorded from torchrun 2.13 (--nproc-per-node 3, default master port), trimmed.
 TORCHRUN = {
@@ -54,6 +57,18 @@ SLURM = {
     "SLURM_TASKS_PER_NODE": "2(x4)",
     "SLURM_STEP_NUM_NODES": "4",
 }
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A temp root short enough for socket paths: pytest's own ``tmp_path`` may not be (its
+    test-named directories pass 60 bytes), and then the derived directories would go to
+    the real /tmp."""
+    path = Path(tempfile.mkdtemp(prefix="tl-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def config(env: dict[str, str], **kwargs: object) -> Config:
@@ -104,11 +119,11 @@ def test_slurm_rank_size_address_port() -> None:
 
 
 def test_slurm_step_on_one_node_needs_no_address_nor_secret(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """srun -N 1 -n 4: the tasks meet in a directory named after the job and step, so no
     node name (which would need a secret) and no port; then Unix sockets."""
-    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", str(short_tmp))
     one_node = {
         **SLURM,
         "SLURM_PROCID": "3",
@@ -122,7 +137,7 @@ def test_slurm_step_on_one_node_needs_no_address_nor_secret(
     c = config(one_node)
     assert (c.rank, c.world_size, c.transport, c.master_addr) == (3, 4, "unix", None)
     assert c.rendezvous_over_socket_dir
-    assert c.socket_dir == str(tmp_path / f"trioring-{os.getuid()}-slurm-4242.0")
+    assert c.socket_dir == str(short_tmp / f"trioring-{os.getuid()}-slurm-4242.0")
     assert c.transport_source == "slurm (every rank on this host: SLURM_STEP_NUM_NODES == 1)"
     # Every task derives the same directory; the next step another one.
     assert config({**one_node, "SLURM_PROCID": "0"}).socket_dir == c.socket_dir
@@ -237,9 +252,9 @@ def test_errors_name_the_derived_source() -> None:
 
 
 def test_private_socket_dir_of_another_mode_is_refused(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    monkeypatch.setattr("tempfile.tempdir", str(short_tmp))
     c = config(MPICH)
     assert c.socket_dir is not None
     os.chmod(c.socket_dir, 0o755)
@@ -252,3 +267,21 @@ def test_ifname_selects_the_listening_address() -> None:
     assert config({**env, "TRIORING_IFNAME": "lo"}).interface_address == "127.0.0.1"
     with pytest.raises(trioring.ConfigurationError, match="TRIORING_IFNAME='nope0' is not"):
         config({**env, "TRIORING_IFNAME": "nope0"})
+
+
+def test_derived_socket_dirs_leave_a_long_tmpdir_for_tmp(
+    short_tmp: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A socket path must fit in 107 bytes: under a TMPDIR too long for that, the directory
+    every rank derives goes under /tmp (the same for every rank); a short TMPDIR is kept."""
+    monkeypatch.setattr("tempfile.tempdir", str(short_tmp))
+    assert os.path.dirname(config(MPICH).socket_dir or "") == str(short_tmp)
+    long_tmpdir = short_tmp / ("x" * 90)
+    long_tmpdir.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(long_tmpdir))
+    c = config(MPICH)
+    assert c.socket_dir is not None
+    assert os.path.dirname(c.socket_dir) == "/tmp"
+    assert len(os.path.join(c.socket_dir, "trioring-0123456789ab.sock")) <= 107
+    assert config({**MPICH, "PMI_RANK": "2"}).socket_dir == c.socket_dir
+    os.rmdir(c.socket_dir)

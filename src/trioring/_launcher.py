@@ -64,6 +64,7 @@ from ._launched import (
     read_echo,
     read_error,
 )
+from ._util import socket_temp_root
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Iterable, Iterator, Mapping, Sequence
@@ -254,9 +255,11 @@ def rendezvous_environment(transport: Transport) -> Iterator[dict[str, str]]:
                 "TRIORING_LISTEN_FD": str(sock.fileno()),
             }
         return
-    # A short prefix in the default temp dir: socket paths must fit in sun_path (108 bytes).
-    # "-run-" tells our directories from the ones UnixTransport makes for itself.
-    socket_dir = tempfile.mkdtemp(prefix="trioring-run-")
+    # A short prefix in the default temp dir (or /tmp where that is too long): socket paths
+    # must fit in sun_path (108 bytes). "-run-" tells our directories from the ones
+    # UnixTransport makes for itself.
+    root = socket_temp_root(len("trioring-run-") + 8)
+    socket_dir = tempfile.mkdtemp(prefix="trioring-run-", dir=root)
     try:
         yield {**job, "TRIORING_TRANSPORT": "unix", "TRIORING_SOCKET_DIR": socket_dir}
     finally:

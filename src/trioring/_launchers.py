@@ -28,10 +28,11 @@ from __future__ import annotations
 
 import os
 import re
-import tempfile
 from typing import TYPE_CHECKING, final
 
 import attrs
+
+from ._util import socket_temp_root
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -118,7 +119,8 @@ def _local_socket_dir(job: str) -> str:
     # One directory per user and job under the system temp dir, known to every local rank
     # without any communication. The rendezvous socket inside it is job-specific too.
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", job)[-40:]
-    return os.path.join(tempfile.gettempdir(), f"trioring-{os.getuid()}-{safe}")
+    name = f"trioring-{os.getuid()}-{safe}"
+    return os.path.join(socket_temp_root(len(name)), name)
 
 
 def _same(env: Mapping[str, str], local: str, world: str) -> str | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 import numpy as np
@@ -87,3 +89,23 @@ def torch_tensor_hint(value: object) -> str | None:
         "in-place collective updates the tensor); copy a tensor on another device to the CPU "
         "first (t.cpu().numpy()) and the result back"
     )
+
+
+#: The longest Unix socket path Linux takes (``sun_path`` is 108 bytes with its NUL).
+UNIX_PATH_MAX_BYTES = 107
+#: The longest socket file name trioring makes in a socket directory: the rendezvous's
+#: ``trioring-<12 hex>.sock`` (a rank's data socket, ``r<rank>-<8 hex>.sock``, is shorter).
+SOCKET_NAME_BYTES = 26
+
+
+def socket_temp_root(dir_name_bytes: int) -> str:
+    """Where to make a socket directory whose name takes ``dir_name_bytes``: the system's
+    temp dir (``TMPDIR``), unless the socket paths in it would be too long, then ``/tmp``.
+    Some clusters give every job a long ``TMPDIR``; a socket under one could not be bound
+    at all. The same on every rank with the same ``TMPDIR`` (derived directories rely on
+    it)."""
+    root = tempfile.gettempdir()
+    needed = len(os.fsencode(root)) + 1 + dir_name_bytes + 1 + SOCKET_NAME_BYTES
+    if needed > UNIX_PATH_MAX_BYTES and os.access("/tmp", os.W_OK | os.X_OK):
+        return "/tmp"
+    return root

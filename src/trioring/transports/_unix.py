@@ -15,6 +15,7 @@ from typing import final
 
 import trio
 
+from .._util import UNIX_PATH_MAX_BYTES, socket_temp_root
 from ._abc import Transport, TransportContext
 from ._socket import SocketConnection, SocketListener
 
@@ -28,8 +29,7 @@ _LISTEN_BACKLOG = 512
 #: 1196 -> 348 us, of 1 MiB at world 2 669 -> 253 us, of 4 MiB at world 2 2332 -> 1459 us.
 #: A limit, not an allocation: the kernel uses it only for bytes in flight.
 _SEND_BUFFER_BYTES = 1024 * 1024
-# sun_path is 108 bytes on Linux, including the terminating NUL.
-_MAX_PATH_BYTES = 107
+_MAX_PATH_BYTES = UNIX_PATH_MAX_BYTES
 
 
 def _check_path(path: str) -> None:
@@ -113,7 +113,9 @@ class UnixTransport(Transport):
         if self.context.socket_dir is not None:
             return self.context.socket_dir
         if self._private_dir is None:
-            self._private_dir = tempfile.mkdtemp(prefix="trioring-")
+            # mkdtemp's name: the prefix and 8 random characters.
+            root = socket_temp_root(len("trioring-") + 8)
+            self._private_dir = tempfile.mkdtemp(prefix="trioring-", dir=root)
         return self._private_dir
 
     def close(self) -> None:
