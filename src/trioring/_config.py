@@ -180,8 +180,9 @@ def resolve(
         transport_source = f"TRIORING_TRANSPORT={raw_transport!r}" if raw_transport else "default"
         if not raw_transport and size > 1 and hints.all_local is not None:
             # The launcher started every rank on this host: Unix sockets, and with them the
-            # one-host paths (shared segment, cross-memory attach), 2-10x faster than TCP
-            # loopback for small and large calls alike. With no address, the ranks meet in a
+            # one-host paths (shared segment, cross-memory attach). Under torchrun at world 2
+            # (2 vCPUs) a 4-byte allreduce took 55-56 us so against 85-87 over TCP loopback,
+            # a 4 MiB one 1.1-1.3 ms against 2.9-3.2. With no address, the ranks meet in a
             # directory each names by itself; with one (torchrun always gives one), there.
             local = f"{hints.launcher} (every rank on this host: {hints.all_local})"
             if master_addr is not None or socket_dir is not None:
