@@ -52,7 +52,7 @@ import trioring
 from trioring._bench import format_size, parse_sizes
 from trioring._bench_cases import CASES
 from trioring._core import CommunicatorCore
-from trioring._onehost import _shm_collectives as shm
+from trioring._onehost import _shm_collectives as shm, _shm_reductions
 
 MARKS = (
     "start", "run", "claim>", "claim<", "publish>", "publish<", "wait>", "wait<", "done", "end",
@@ -86,10 +86,16 @@ def _install(timeline: Timeline) -> None:
     trio.lowlevel.cancel_shielded_checkpoint = timeline.timed(
         "point", trio.lowlevel.cancel_shielded_checkpoint
     )
-    shm.shm_claim = timeline.timed("claim", shm.shm_claim)
-    shm.shm_wait = timeline.timed("wait", shm.shm_wait)
-    shm.shm_publish = timed_publish
-    shm.shm_done = timed_done
+    timed = {
+        "shm_claim": timeline.timed("claim", shm.shm_claim),
+        "shm_wait": timeline.timed("wait", shm.shm_wait),
+        "shm_publish": timed_publish,
+        "shm_done": timed_done,
+    }
+    # The reductions' module imported the steps by name: it needs the timed ones too.
+    for module in (shm, _shm_reductions):
+        for name, function in timed.items():
+            setattr(module, name, function)
     CommunicatorCore._run = timed_run  # type: ignore[method-assign]
 
 

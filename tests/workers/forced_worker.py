@@ -26,7 +26,7 @@ import trio
 
 import trioring
 from trioring._collectives import _decision
-from trioring._onehost import _cma_collectives, _pipe, _shm_collectives
+from trioring._onehost import _cma_collectives, _pipe, _shm_collectives, _shm_reductions
 from trioring._onehost._shm import PIPE_CHUNK_BYTES, PIPE_CHUNKS, SHM_MAX_BYTES
 
 CALLS: dict[str, int] = {}
@@ -36,7 +36,8 @@ def count_calls(module: Any, name: str) -> None:
     _worker_util.count_calls(CALLS, module, name)
 
 
-for _name in ("shm_allreduce", "shm_broadcast", "shm_barrier"):
+count_calls(_shm_reductions, "shm_allreduce")
+for _name in ("shm_broadcast", "shm_barrier"):
     count_calls(_shm_collectives, _name)
 for _name in ("cma_allreduce", "cma_broadcast"):
     count_calls(_cma_collectives, _name)

@@ -34,7 +34,7 @@ import trio
 import trioring
 from trioring import _algorithms
 from trioring._collectives import _decision
-from trioring._onehost import _cma_collectives, _shm_collectives
+from trioring._onehost import _cma_collectives, _shm_reductions
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from exact_inputs import UFUNCS, make, ops_for
@@ -147,8 +147,7 @@ async def main(mode: str, out_dir: Path, args: list[str]) -> int:
     if mode == "kill":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     if mode == "bitwise":
-        for function in ("shm_allreduce",):
-            count_calls(_shm_collectives, function)
+        count_calls(_shm_reductions, "shm_allreduce")
         count_calls(_cma_collectives, "cma_allreduce")
     with trio.fail_after(90):
         async with trioring.open_communicator() as comm:
