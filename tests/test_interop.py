@@ -137,7 +137,7 @@ def test_under_open_mpi(tmp_path: Path) -> None:
 async def test_torch_tensors_are_refused_with_what_to_pass() -> None:
     """A torch user's first call passes a tensor: every entry point says what to pass
     instead, and what it says works (a CPU tensor's numpy view is its memory)."""
-    import torch
+    import torch  # here, not at the top: it takes seconds, and only this test needs it
 
     async with trioring.testing.open_local_world(2) as comms:
         a = comms[0]
