@@ -80,32 +80,34 @@ def check_world(found: list[dict[str, Any]], size: int, transport: str) -> None:
         assert one_host == expected, report
 
 
-@pytest.mark.parametrize(
-    ("chosen", "transport"),
-    [(None, "unix"), ("tcp", "tcp")],
-    ids=["every-rank-local-takes-unix", "tcp-when-asked"],
-)
-def test_under_torchrun(tmp_path: Path, chosen: str | None, transport: str) -> None:
-    """torchrun always sets MASTER_ADDR; with every rank on this host (LOCAL_WORLD_SIZE ==
-    WORLD_SIZE) the ranks meet there and then talk over Unix sockets and the one-host
-    paths, unless TRIORING_TRANSPORT says otherwise."""
+def torchrun_command() -> list[str]:
+    """torchrun starting 3 ranks on this host, its agent on a free port."""
     torchrun = Path(sys.executable).with_name("torchrun")
     assert torchrun.exists(), (
         "torchrun is missing: install the interop dependency group (make test does it)"
     )
-    port = free_port_pair()
-    extra = {} if chosen is None else {"TRIORING_TRANSPORT": chosen}
+    return [
+        *(str(torchrun), "--nnodes=1", "--nproc-per-node=3", "--master-addr=127.0.0.1"),
+        f"--master-port={free_port_pair()}",
+    ]
+
+
+def mpirun_command(*options: str) -> list[str]:
+    """Open MPI's mpirun starting 3 Python ranks on this host, with ``options``."""
+    mpirun = shutil.which("mpirun")
+    assert mpirun is not None, (
+        "mpirun is missing: install Debian's openmpi-bin (make test does as root)"
+    )
+    return [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "3", *options, sys.executable]
+
+
+def check_launched_world(command: list[str], cwd: Path, transport: str, **env: str) -> None:
+    """Run the worker under ``command`` (a launcher of 3 ranks) with ``env`` added to a clean
+    environment, and check the world its ranks report."""
     result = subprocess.run(
-        [
-            str(torchrun),
-            "--nnodes=1",
-            "--nproc-per-node=3",
-            "--master-addr=127.0.0.1",
-            f"--master-port={port}",
-            str(WORKER),
-        ],
-        env=clean_env(OMP_NUM_THREADS="1", **extra),
-        cwd=tmp_path,
+        [*command, str(WORKER)],
+        env=clean_env(**env),
+        cwd=cwd,
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
@@ -115,23 +117,22 @@ def test_under_torchrun(tmp_path: Path, chosen: str | None, transport: str) -> N
     check_world(reports(result.stdout), 3, transport)
 
 
+@pytest.mark.parametrize(
+    ("chosen", "transport"),
+    [(None, "unix"), ("tcp", "tcp")],
+    ids=["every-rank-local-takes-unix", "tcp-when-asked"],
+)
+def test_under_torchrun(tmp_path: Path, chosen: str | None, transport: str) -> None:
+    """torchrun always sets MASTER_ADDR; with every rank on this host (LOCAL_WORLD_SIZE ==
+    WORLD_SIZE) the ranks meet there and then talk over Unix sockets and the one-host
+    paths, unless TRIORING_TRANSPORT says otherwise."""
+    extra = {} if chosen is None else {"TRIORING_TRANSPORT": chosen}
+    check_launched_world(torchrun_command(), tmp_path, transport, OMP_NUM_THREADS="1", **extra)
+
+
 def test_under_open_mpi(tmp_path: Path) -> None:
-    mpirun = shutil.which("mpirun")
-    assert mpirun is not None, (
-        "mpirun is missing: install Debian's openmpi-bin (make test does as root)"
-    )
-    result = subprocess.run(
-        [mpirun, "--allow-run-as-root", "--oversubscribe", "-np", "3", sys.executable, str(WORKER)],
-        env=clean_env(),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
     # All ranks on one host and no address given: Unix sockets, no TCP port at all.
-    check_world(reports(result.stdout), 3, "unix")
+    check_launched_world(mpirun_command(), tmp_path, "unix")
 
 
 async def test_torch_tensors_are_refused_with_what_to_pass() -> None:
@@ -177,34 +178,9 @@ async def test_torch_tensors_are_refused_with_what_to_pass() -> None:
 def test_under_open_mpi_with_an_address(tmp_path: Path, chosen: str | None, transport: str) -> None:
     """With MASTER_ADDR the ranks meet there; every rank being local, they then talk over
     Unix sockets, unless TRIORING_TRANSPORT says otherwise."""
-    mpirun = shutil.which("mpirun")
-    assert mpirun is not None, "mpirun is missing: install Debian's openmpi-bin"
-    port = free_port_pair()
-    chosen_args = [] if chosen is None else ["-x", f"TRIORING_TRANSPORT={chosen}"]
-    result = subprocess.run(
-        [
-            mpirun,
-            "--allow-run-as-root",
-            "--oversubscribe",
-            "-np",
-            "3",
-            "-x",
-            "MASTER_ADDR=127.0.0.1",
-            "-x",
-            f"MASTER_PORT={port}",
-            *chosen_args,
-            sys.executable,
-            str(WORKER),
-        ],
-        env=clean_env(),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    check_world(reports(result.stdout), 3, transport)
+    address = ("-x", "MASTER_ADDR=127.0.0.1", "-x", f"MASTER_PORT={free_port_pair()}")
+    chosen_args = () if chosen is None else ("-x", f"TRIORING_TRANSPORT={chosen}")
+    check_launched_world(mpirun_command(*address, *chosen_args), tmp_path, transport)
 
 
 # -- several hosts, for real: network namespaces --------------------------------------------
@@ -274,20 +250,8 @@ def test_under_trioring_run(tmp_path: Path, transport: str) -> None:
     """Our own launcher end to end with real collectives. With tcp, rank 0 inherits the
     launcher's listening socket (TRIORING_LISTEN_FD): if it tried to bind MASTER_PORT itself,
     it would fail, since the launcher holds that port."""
-    result = subprocess.run(
-        [
-            *(sys.executable, "-m", "trioring", "run", "-n", "3"),
-            *("--transport", transport, "--no-tag-output", str(WORKER)),
-        ],
-        env=clean_env(),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        check=False,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
-    check_world(reports(result.stdout), 3, transport)
+    command = [sys.executable, "-m", "trioring", "run", "-n", "3", "--transport", transport]
+    check_launched_world([*command, "--no-tag-output"], tmp_path, transport)
 
 
 def test_srun_environment_on_one_node(tmp_path: Path) -> None:
@@ -336,25 +300,10 @@ def test_a_long_tmpdir_still_gets_unix_sockets(tmp_path: Path, launcher: str) ->
     long_tmpdir.mkdir(parents=True)
     assert len(str(long_tmpdir)) > 80
     commands = {
-        "trioring run": [sys.executable, "-m", "trioring", "run", "-n", "3", "--no-tag-output"],
-        "torchrun": [
-            str(Path(sys.executable).with_name("torchrun")),
-            *("--nnodes=1", "--nproc-per-node=3", "--master-addr=127.0.0.1"),
-            f"--master-port={free_port_pair()}",
-        ],
-        "mpirun": [
-            *(shutil.which("mpirun") or "mpirun", "--allow-run-as-root", "--oversubscribe"),
-            *("-np", "3", sys.executable),
-        ],
+        "trioring run": lambda: [sys.executable, "-m", "trioring", "run", "-n", "3"],
+        "torchrun": torchrun_command,
+        "mpirun": mpirun_command,
     }
-    result = subprocess.run(
-        [*commands[launcher], str(WORKER)],
-        env=clean_env(TMPDIR=str(long_tmpdir), OMP_NUM_THREADS="1"),
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT,
-        check=False,
+    check_launched_world(
+        commands[launcher](), tmp_path, "unix", TMPDIR=str(long_tmpdir), OMP_NUM_THREADS="1"
     )
-    assert result.returncode == 0, result.stdout + result.stderr
-    check_world(reports(result.stdout), 3, "unix")
