@@ -79,13 +79,21 @@ class ignore_fp_errors:
             self._token.__exit__(*exc_info)
 
 
-def torch_tensor_hint(value: object) -> str | None:
-    """What to pass instead of ``value`` if it is a torch tensor (or a subclass, such as a
-    Parameter), else None. Found by name: trioring neither imports nor depends on torch."""
-    if not any(c.__module__ == "torch" and c.__qualname__ == "Tensor" for c in type(value).__mro__):
-        return None
+def is_torch_tensor(value: object) -> bool:
+    """Whether ``value`` is a torch tensor (or a subclass, such as a Parameter). Found by
+    name: trioring neither imports nor depends on torch."""
+    return any(c.__module__ == "torch" and c.__qualname__ == "Tensor" for c in type(value).__mro__)
+
+
+def expected_array(value: object, expected: str) -> str:
+    """The refusal of ``value`` where ``expected`` (an array) belongs; for a torch tensor,
+    with what to pass instead."""
+    kind = type(value)
+    if not is_torch_tensor(value):
+        return f"expected {expected}, got {kind.__name__}"
     return (
-        "pass t.detach().numpy(), which for a CPU tensor is a view of the same memory (an "
+        f"expected {expected}, got {kind.__module__}.{kind.__qualname__}: pass "
+        "t.detach().numpy(), which for a CPU tensor is a view of the same memory (an "
         "in-place collective updates the tensor); copy a tensor on another device to the CPU "
         "first (t.cpu().numpy()) and the result back"
     )

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import numpy as np
 
 from .. import _algorithms
-from .._util import torch_tensor_hint
+from .._util import expected_array
 from .._wire import DTYPE_CODES
 
 if TYPE_CHECKING:
@@ -128,10 +128,7 @@ def _unsupported_array_type(array: object) -> str:
             "numpy.ndarray and numpy.memmap are exactly. If the data is all that matters, "
             "pass np.asarray(a), a view of the same memory"
         )
-    hint = torch_tensor_hint(array)
-    if hint is not None:
-        return f"expected a numpy.ndarray, got {name}: {hint}"
-    return f"expected a numpy.ndarray, got {type(array).__name__}"
+    return expected_array(array, "a numpy.ndarray")
 
 
 async def agree(world: World, spec: OpSpec, name: str) -> None:

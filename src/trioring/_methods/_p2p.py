@@ -204,7 +204,7 @@ class PointToPointMethods(CommunicatorCore):
         _, encoded = await self._endpoint.recv(
             self._scope, source, tag, None, kind=MessageKind.OBJECT
         )
-        return self._decoded_message(what, source, encoded)
+        return self._decoded_message("recv_object", what, source, encoded)
 
     async def recv_any_object(self, *, tag: int = 0) -> tuple[int, Any]:
         """Receive the next object sent by :meth:`send_object` with ``tag`` from whichever
@@ -220,12 +220,14 @@ class PointToPointMethods(CommunicatorCore):
         source, encoded = await self._endpoint.recv(
             self._scope, None, tag, None, kind=MessageKind.OBJECT
         )
-        return source, self._decoded_message(what, source, encoded)
+        return source, self._decoded_message("recv_any_object", what, source, encoded)
 
-    def _decoded_message(self, what: str, source: int, encoded: np.ndarray[Any, Any]) -> Any:
-        """The object in a message from ``source``; ProtocolError naming ``source`` if its
-        bytes are not an encoding (the message is consumed; the communicator stays
-        usable)."""
+    def _decoded_message(
+        self, method: str, what: str, source: int, encoded: np.ndarray[Any, Any]
+    ) -> Any:
+        """The object in a message from ``source`` that ``method`` (called as ``what``)
+        received; ProtocolError naming ``source`` if its bytes are not an encoding (the
+        message is consumed; the communicator stays usable)."""
         try:
             return _objects.decode(encoded)
         except ProtocolError as exc:
@@ -234,6 +236,6 @@ class PointToPointMethods(CommunicatorCore):
                 f"encoding: {exc}",
                 rank=self._rank,
                 peer=source,
-                collective=what.partition("(")[0],
+                collective=method,
                 job_id=self._job_id,
             ) from None

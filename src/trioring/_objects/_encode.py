@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, final
 import numpy as np
 
 from .._errors import InvalidArgumentError
-from .._util import torch_tensor_hint
+from .._util import is_torch_tensor
 from .._wire import DTYPE_CODES
 from ._format import (
     BYTES,
@@ -164,7 +164,7 @@ class _Encoder:
             )
         if isinstance(value, (set, frozenset)):
             return f"{name} is not supported (convert it to a list or a tuple)"
-        if torch_tensor_hint(value) is not None:
+        if is_torch_tensor(value):
             return f"{name} is not supported (send t.detach().cpu().numpy(), a numpy array)"
         # Say what does travel, where the reader looks: the message, not the docs.
         return (

@@ -18,7 +18,7 @@ from .._errors import (
     ProtocolError,
     TrioringError,
 )
-from .._util import torch_tensor_hint
+from .._util import expected_array
 from .._wire import DTYPE_CODES
 from ._frames import (
     MAX_NDIM,
@@ -65,12 +65,8 @@ class LinkDown(Exception):
 
 def checked_array(array: object, what: str, rank: int) -> np.ndarray:
     if not isinstance(array, np.ndarray):
-        hint = torch_tensor_hint(array)
-        kind = type(array)
-        got = kind.__name__ if hint is None else f"{kind.__module__}.{kind.__qualname__}: {hint}"
-        raise InvalidArgumentError(
-            f"rank {rank}: {what}: expected a numpy array, got {got}", rank=rank
-        )
+        refusal = expected_array(array, "a numpy array")
+        raise InvalidArgumentError(f"rank {rank}: {what}: {refusal}", rank=rank)
     if array.dtype not in DTYPE_CODES:
         raise InvalidArgumentError(
             f"rank {rank}: {what}: unsupported dtype {array.dtype}", rank=rank

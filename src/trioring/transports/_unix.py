@@ -29,7 +29,6 @@ _LISTEN_BACKLOG = 512
 #: 1196 -> 348 us, of 1 MiB at world 2 669 -> 253 us, of 4 MiB at world 2 2332 -> 1459 us.
 #: A limit, not an allocation: the kernel uses it only for bytes in flight.
 _SEND_BUFFER_BYTES = 1024 * 1024
-_MAX_PATH_BYTES = UNIX_PATH_MAX_BYTES
 
 
 def _check_path(path: str) -> None:
@@ -37,11 +36,11 @@ def _check_path(path: str) -> None:
         # Abstract sockets have no file permissions and are shared by a whole network
         # namespace (CVE-2020-15257): never used implicitly.
         raise OSError(errno.EINVAL, "abstract-namespace Unix sockets are not supported; use a path")
-    if len(os.fsencode(path)) > _MAX_PATH_BYTES:
+    if len(os.fsencode(path)) > UNIX_PATH_MAX_BYTES:
         raise OSError(
             errno.ENAMETOOLONG,
             f"Unix socket path {path!r} is {len(os.fsencode(path))} bytes; the limit is "
-            f"{_MAX_PATH_BYTES}. Use a shorter TRIORING_SOCKET_DIR",
+            f"{UNIX_PATH_MAX_BYTES}. Use a shorter TRIORING_SOCKET_DIR",
         )
 
 
