@@ -17,7 +17,10 @@ import trio
 import trio.testing
 
 import trioring
+from trioring import _algorithms
 from trioring._algorithms import tree_neighbours
+from trioring._collectives._alltoall import _checked_incoming
+from trioring._collectives._counts import checked_rows
 from trioring._communicator import DEFAULT_CHUNK_BYTES
 from trioring._concurrency import run_with_grace
 from trioring._config import Config, resolve
@@ -586,3 +589,70 @@ def test_broadcasts_through_the_slots_take_pieces_on_intel_cpus_only(vendor: str
     assert _shm.slot_pieces_from_bytes("GenuineIntel") == 3 * _shm.BROADCAST_PIECE_MIN_BYTES
     assert _shm.slot_pieces_from_bytes(vendor) >= _shm.SHM_MAX_BYTES
     assert _shm.slot_pieces_from_bytes(cpu_vendor()) == _shm_collectives._PIECES_FROM_BYTES
+
+
+# -- the uneven collectives' counts ------------------------------------------------------------
+
+
+def _counts_world(rank: int, size: int) -> _algorithms.World:
+    """A world for the count checks, which read only its rank and size (and its links' job
+    id, of which there is none here)."""
+    return _algorithms.World(
+        rank=rank, size=size, links={}, chunk_bytes=0, scratch=np.zeros(0, np.uint8)
+    )
+
+
+@pytest.mark.parametrize("rank", [0, 2])
+def test_allgatherv_counts_agree_or_raise_naming_the_peer(rank: int) -> None:
+    """The vectors ``[rows, out= capacity or -1, *trailing]`` (and, through the segment,
+    words after them) of every rank: the usual call's rows whichever check answers; a
+    capacity on one rank only, or the right total, passes; a negative count is a
+    ProtocolError naming its sender, a different trailing shape or a wrong capacity a
+    CollectiveMismatchError naming the odd rank."""
+    world = _counts_world(rank, 3)
+    spec = OpSpec(Kind.ALLGATHERV, 9, 10, 3, trailing=(2,))
+    extra = [7, 40]  # what follows the vector through the segment: address, bytes
+    usual = [[5, -1, 2, *extra], [0, -1, 2, *extra], [3, -1, 2, *extra]]
+    assert checked_rows(world, spec, usual, 3) == [5, 0, 3]
+    out_on_one = [row[:] for row in usual]
+    out_on_one[1][1] = 16  # (5 + 0 + 3) rows of 2
+    assert checked_rows(world, spec, out_on_one, 3) == [5, 0, 3]
+    assert checked_rows(world, spec, out_on_one, 3, root=1) == [5, 0, 3]
+
+    negative = [row[:] for row in usual]
+    negative[1][0] = -4
+    with pytest.raises(
+        trioring.ProtocolError, match=r"from peer rank 1: impossible counts \[-4, -1, 2\]"
+    ):
+        checked_rows(world, spec, negative, 3)
+    other_shape = [row[:] for row in usual]
+    other_shape[1][2] = 3
+    with pytest.raises(
+        trioring.CollectiveMismatchError, match="rank 1: allgatherv float32"
+    ) as info:
+        checked_rows(world, spec, other_shape, 3)
+    assert info.value.peer == 1
+    wrong_out = [row[:] for row in usual]
+    wrong_out[2][1] = 15
+    with pytest.raises(trioring.CollectiveMismatchError, match="rank 2: out= holds 15 elements"):
+        checked_rows(world, spec, wrong_out, 3)
+    # A gatherv checks its root's out= only.
+    assert checked_rows(world, spec, wrong_out, 3, root=0) == [5, 0, 3]
+
+
+def test_alltoallv_counts_agree_or_raise_naming_the_peer() -> None:
+    """The ``[rows, *trailing]`` every rank sends this one: the rows, or the error naming
+    the sender of a negative count or of another trailing shape."""
+    world = _counts_world(1, 3)
+    spec = OpSpec(Kind.ALLTOALLV, 4, 10, 1)
+    assert _checked_incoming(world, spec, [[2], [0], [7]], ()) == [2, 0, 7]
+    with pytest.raises(trioring.ProtocolError, match=r"from peer rank 2: impossible counts \[-1\]"):
+        _checked_incoming(world, spec, [[2], [0], [-1]], ())
+    assert _checked_incoming(world, spec, [[2, 3], [0, 3], [1, 3]], (3,)) == [2, 0, 1]
+    with pytest.raises(trioring.CollectiveMismatchError) as info:
+        _checked_incoming(world, spec, [[2, 3], [0, 3], [1, 4]], (3,))
+    assert info.value.peer == 2
+    with pytest.raises(
+        trioring.ProtocolError, match=r"from peer rank 0: impossible counts \[1, -3\]"
+    ):
+        _checked_incoming(world, spec, [[1, -3], [0, 3], [1, 3]], (3,))

@@ -222,17 +222,23 @@ def body_v(
         mine = np.array([rows, capacity, *trailing, address, flat.nbytes], dtype=np.int64)
     payload = (flat,) if in_slot else ()
 
-    def gathered_for(all_rows: list[int]) -> tuple[np.ndarray, list[int], list[np.ndarray]]:
-        """The result buffer, every rank's bounds and block in it, with ``parts`` filled."""
+    def gathered_for(all_rows: list[int]) -> tuple[np.ndarray, list[int]]:
+        """The result buffer and every rank's bounds in it, with ``parts`` filled."""
         bounds = [0]
         for peer_rows in all_rows:
             bounds.append(bounds[-1] + peer_rows * size)
         gathered = np.empty(bounds[n], dtype=flat.dtype) if out is None else out
         blocks = [gathered[bounds[i] : bounds[i + 1]] for i in range(n)]
-        parts[:] = [
-            block.reshape(rows_i, *trailing) for block, rows_i in zip(blocks, all_rows, strict=True)
-        ]
-        return gathered, bounds, blocks
+        # 1-D arrays (most calls, the object collectives' bytes included) need no reshape.
+        parts[:] = (
+            [
+                block.reshape(rows_i, *trailing)
+                for block, rows_i in zip(blocks, all_rows, strict=True)
+            ]
+            if trailing
+            else blocks
+        )
+        return gathered, bounds
 
     async def by_sockets(spec: OpSpec) -> None:
         all_rows = [rows]
@@ -242,8 +248,8 @@ def body_v(
             await _algorithms.bruck_allgather(
                 world, spec, table.reshape(-1), range(0, n * m + 1, m)
             )
-            all_rows = checked_rows(world, spec, table)
-        gathered, bounds, _ = gathered_for(all_rows)
+            all_rows = checked_rows(world, spec, table.tolist(), m)
+        gathered, bounds = gathered_for(all_rows)
         if n == 1:
             _place(flat, gathered, bounds, r)
             return
@@ -253,23 +259,30 @@ def body_v(
     async def by_segment(spec: OpSpec) -> None:
         slots = await _copies.shm_post(world, spec, mine, payload)
         vectors = _copies.posted_states(world, spec, mine.shape[0])
-        gathered, bounds, blocks = gathered_for(checked_rows(world, spec, vectors[:, :m]))
-        slotted = [name is None and block.nbytes <= room for block in blocks]
+        table = vectors.tolist()
+        gathered, bounds = gathered_for(checked_rows(world, spec, table, m))
+        itemsize = flat.dtype.itemsize
+        slotted = [name is None and row[-1] <= room for row in table]
         onehost = (all(slotted), world.peer_pids is not None)
         chosen = name or decide(gathered.nbytes, n, onehost, segment=True)
-        if chosen in ("shm", "cma"):
-            # What fits a slot came with the counts.
-            for q in range(n):
-                if q != r and slotted[q]:
-                    blocks[q].view(np.uint8)[...] = slots[q, mine.nbytes :][: blocks[q].nbytes]
         if chosen == "shm":
-            _place(flat, gathered, bounds, r)
+            # Every block came with the counts, this rank's own too: one copy each, from
+            # the slots (this rank's is in its cache), as the even allgather's.
+            into = gathered.data.cast("B")
+            for q in range(n):
+                start, end = bounds[q] * itemsize, bounds[q + 1] * itemsize
+                into[start:end] = slots[q][mine.nbytes : mine.nbytes + end - start]
             shm_done(world, spec)
             return
         data = spec._replace(count=bounds[n])
         if chosen == "cma":
-            # The rest is read where it is, at the addresses that came with the counts
-            # (read before the call's end, as the slots).
+            # What fits a slot came with the counts; the rest is read where it is, at the
+            # addresses that came with them (read before the call's end, as the slots).
+            into = gathered.data.cast("B")
+            for q in range(n):
+                if q != r and slotted[q]:
+                    start, end = bounds[q] * itemsize, bounds[q + 1] * itemsize
+                    into[start:end] = slots[q][mine.nbytes : mine.nbytes + end - start]
             far = [q for q in range(n) if q != r and not slotted[q]]
             announced = vectors[:, m:]
             await _copies.cma_allgather(world, data, gathered, bounds, flat, announced, far)

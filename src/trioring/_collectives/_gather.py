@@ -156,7 +156,7 @@ def plan_gatherv(
         slots = None
         if segment:
             slots = await _copies.shm_post(world, spec, mine, payload)
-            vectors = _copies.posted_states(world, spec, m)
+            table = _copies.posted_states(world, spec, m).tolist()
         else:
             vectors = np.empty((n, m), dtype=np.int64)
             vectors[r] = mine
@@ -164,36 +164,47 @@ def plan_gatherv(
                 await _algorithms.bruck_allgather(
                     world, spec, vectors.reshape(-1), range(0, n * m + 1, m)
                 )
-        all_rows = checked_rows(world, spec, vectors, checked_root)
+            table = vectors.tolist()
+        all_rows = checked_rows(world, spec, table, m, checked_root)
         row = math.prod(trailing)
-        sizes = [peer_rows * row for peer_rows in all_rows]
-        total = sum(sizes)
-        gathered = None
-        if is_root:
-            gathered = np.empty(total, dtype=dtype) if target is None else target
         bounds = [0]
-        for size in sizes:
-            bounds.append(bounds[-1] + size)
+        for peer_rows in all_rows:
+            bounds.append(bounds[-1] + peer_rows * row)
+        total = bounds[n]
+        gathered = None
         if parts is not None:
-            assert gathered is not None
-            for q in range(n):
-                parts.append(gathered[bounds[q] : bounds[q + 1]].reshape(all_rows[q], *trailing))
+            gathered = np.empty(total, dtype=dtype) if target is None else target
+            blocks = [gathered[bounds[q] : bounds[q + 1]] for q in range(n)]
+            # 1-D arrays (most calls, gather_object's bytes included) need no reshape.
+            parts[:] = (
+                [
+                    block.reshape(rows_q, *trailing)
+                    for block, rows_q in zip(blocks, all_rows, strict=True)
+                ]
+                if trailing
+                else blocks
+            )
         by = "tree"
         if slots is not None:
-            nbytes = [size * dtype.itemsize for size in sizes]
+            itemsize = dtype.itemsize
             slotted = forced is None and all(
-                b <= room for q, b in enumerate(nbytes) if q != checked_root
+                (bounds[q + 1] - bounds[q]) * itemsize <= room
+                for q in range(n)
+                if q != checked_root
             )
             by = _decision.gatherv(slotted=slotted)
             if by == "shm" and gathered is not None:
+                into = gathered.data.cast("B")
                 for q in range(n):
+                    start, end = bounds[q] * itemsize, bounds[q + 1] * itemsize
                     if q != r:
-                        block = gathered[bounds[q] : bounds[q + 1]].view(np.uint8)
-                        block[...] = slots[q, m * 8 : m * 8 + nbytes[q]]
-                gathered[bounds[r] : bounds[r + 1]] = flat
+                        into[start:end] = slots[q][mine.nbytes : mine.nbytes + end - start]
+                    else:
+                        into[start:end] = flat.data.cast("B")
             # The segment's part of the call ends with the counts (or is the whole call).
             shm_done(world, spec)
         if by == "tree":
+            sizes = [bounds[q + 1] - bounds[q] for q in range(n)]
             await _algorithms.tree_gather(
                 world, spec._replace(count=total), flat, sizes, checked_root, gathered
             )

@@ -449,7 +449,7 @@ async def _header_round(
     fields before the shape, checked the same on every rank (:func:`_check_header`); the
     root's header, whose shape words hold the block shape of one array (through the
     segment, a view of the root's slot, valid until this rank says done); and the slots
-    as :func:`_copies.shm_post` returns them, or None without a segment.
+    as :func:`_copies.slot_bytes` returns them, or None without a segment.
 
     Through the segment every rank's header is there at once, so the fold is one pass over
     them (:func:`_fold`) instead of a merge per peer, and when nobody passed ``out=`` (the
@@ -459,10 +459,10 @@ async def _header_round(
         header = start.copy()
         await _algorithms.disseminate(world, spec, header, _merge)
         return _check_header(world, spec, header[:_SHAPE].tolist(), root), header, None
-    rows = await _copies.shm_post(world, spec, start, payload)
+    await _copies.shm_post(world, spec, start, payload)
     states = _copies.posted_states(world, spec, HEADER_WORDS)
     fields = _fold(states[:, :_SHAPE].tolist(), root)
-    return _check_header(world, spec, fields, root), states[root], rows
+    return _check_header(world, spec, fields, root), states[root], _copies.slot_bytes(world, spec)
 
 
 def _fold(states: list[list[int]], root: int) -> list[int]:

@@ -91,9 +91,14 @@ class AllgatherMethods(CommunicatorCore):
                 ``x``. Its dtype and layout are checked before any I/O; its size only once
                 the counts are known (every rank's capacity travels with its counts).
 
-        Algorithm: as :meth:`allgather`, chosen by the total size once the counts are
-        known (identically on every rank), never through the shared segment (its slots
-        hold blocks of one size); the counts themselves go by Bruck's algorithm.
+        Algorithm: the counts first, by Bruck's algorithm; then the data as
+        :meth:`allgather`'s, chosen by the total size once the counts are known
+        (identically on every rank). On one host (the ``"shm"`` entry of
+        :attr:`features`) every rank publishes its counts in its slot of the shared
+        segment instead, with ``x`` beside them where it fits the slot: when every rank's
+        does, that one publication is the whole call (each rank copies every block out of
+        the slots); otherwise the data follow by the segment's pipe or cross-memory attach
+        as for :meth:`allgather`, reading at once what came in the slots.
 
         Raises:
             InvalidArgumentError: bad ``x`` or ``out``, or a forced ``recursive_doubling``

@@ -114,7 +114,12 @@ class AlltoallMethods(CommunicatorCore):
                 communicator stays usable).
 
         Algorithm: the counts by Bruck's alltoall (``ceil(log2 n)`` rounds of small
-        vectors), then the data by the pairwise exchange (``n - 1`` steps, in chunks).
+        vectors), then the data by the pairwise exchange (``n - 1`` steps, in chunks). On
+        one host (the ``"shm"`` entry of :attr:`features`) every rank publishes its counts
+        in its slot of the shared segment instead, with its arrays for the other ranks
+        after them where they fit the slot together: when every rank's do, that one
+        publication is the whole call (each rank copies its blocks out of the peers'
+        slots); otherwise the pairwise exchange follows.
 
         If the call fails or is cancelled, the communicator is broken (as for any
         collective); ``xs`` are untouched.

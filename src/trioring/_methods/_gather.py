@@ -119,7 +119,12 @@ class GatherMethods(CommunicatorCore):
 
         Algorithm: an allgather of one small vector per rank (rows, the root's ``out=``
         capacity, trailing shape) by Bruck's algorithm, ``ceil(log2 n)`` rounds, then the
-        binomial tree of :meth:`gather`, whose frames carry the total element count.
+        binomial tree of :meth:`gather`, whose frames carry the total element count. On
+        one host (the ``"shm"`` entry of :attr:`features`) every rank publishes its vector
+        in its slot of the shared segment instead, every rank but the root with ``x``
+        beside it where it fits the slot: when every one does, that publication is the
+        whole call (the root copies the blocks out of the slots); otherwise the tree
+        follows.
 
         Raises:
             InvalidArgumentError: bad ``x``, ``root`` or (on the root) ``out`` (before any

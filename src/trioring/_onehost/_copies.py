@@ -54,6 +54,7 @@ __all__ = [
     "shm_alltoall",
     "shm_gather",
     "shm_post",
+    "slot_bytes",
 ]
 
 
@@ -135,29 +136,36 @@ async def shm_alltoall(world: World, spec: OpSpec, flat: np.ndarray, out: np.nda
 
 async def shm_post(
     world: World, spec: OpSpec, state: np.ndarray, payload: Sequence[np.ndarray] = ()
-) -> np.ndarray:
+) -> list[memoryview]:
     """Publish this rank's ``state`` (a small int64 array, the same length on every rank
-    whose call agrees: the publication's size) with the flat arrays of ``payload`` one
-    after another right after it, and wait until every rank has published. Returns the
-    slots as ``(n, SHM_MAX_BYTES)`` bytes; every rank's state is its row's first
-    ``state.nbytes`` (see :func:`posted_states`), and the caller copies what it needs of a
-    payload before it calls :func:`shm_done` (or its data path's end does)."""
+    whose call agrees: the publication's size) with the flat, C-contiguous arrays of
+    ``payload`` one after another right after it, and wait until every rank has published.
+    Returns every rank's slot as bytes (:attr:`SharedSlots.byte_rows`; as a numpy array:
+    :func:`slot_bytes`); every rank's state is its slot's first ``state.nbytes`` (see
+    :func:`posted_states`), and the caller copies what it needs of a payload before it
+    calls :func:`shm_done` (or its data path's end does)."""
     slots = world.shm
     assert slots is not None
     r, nbytes = world.rank, state.nbytes
-    rows = slots.rows(spec.seq & 1, _BYTES, SHM_MAX_BYTES)
-    # The same bytes as rows[:, :nbytes], as int64s: a cached view, not one made per call.
-    states = slots.rows(spec.seq & 1, _INT64, state.shape[0])
+    rows = slots.byte_rows[spec.seq & 1]
     await shm_claim(world, spec)
-    states[r] = state
+    own = rows[r]
+    own[:nbytes] = state.data.cast("B")
     at = nbytes
     for piece in payload:
-        rows[r, at : at + piece.nbytes] = piece.view(np.uint8)
-        at += piece.nbytes
+        end = at + piece.nbytes
+        own[at:end] = piece.data.cast("B")
+        at = end
     # What every rank publishes: the states' size, whoever has a payload.
     shm_publish(world, spec, nbytes)
     await shm_wait(world, spec)
     return rows
+
+
+def slot_bytes(world: World, spec: OpSpec) -> np.ndarray:
+    """Every rank's slot of ``spec``'s parity as ``(n, SHM_MAX_BYTES)`` bytes."""
+    assert world.shm is not None
+    return world.shm.rows(spec.seq & 1, _BYTES, SHM_MAX_BYTES)
 
 
 def posted_states(world: World, spec: OpSpec, words: int) -> np.ndarray:
