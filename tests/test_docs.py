@@ -177,7 +177,7 @@ def _check_on_unix(script: str, worlds: tuple[int, ...], line: str, how_to: str,
 
 
 def test_pipeline_example_under_trioring_run(tmp_path: Path) -> None:
-    """The how-to's pipeline: micro-batches of 128 KiB (rendezvous messages) pass through
+    """The how-to's pipeline: micro-batches of 1.125 MiB (rendezvous messages) pass through
     every stage and come back to rank 0 in order, equal to the one-process computation, at
     several world sizes, and the page shows the output at 4."""
     for n in (2, 3, 4):

@@ -13,6 +13,7 @@ import trio
 
 import trioring
 from local_runs import on_every_rank
+from trioring._p2p import EAGER_BYTES
 from trioring.testing import open_local_world
 
 
@@ -262,7 +263,8 @@ async def test_a_peer_closing_a_child_ends_the_calls_that_wait_for_it() -> None:
 
                     async with trio.open_nursery() as nursery:
                         nursery.start_soon(expect, "recv", side.recv(source=1))
-                        nursery.start_soon(expect, "send", side.send(np.ones(100_000), dest=1))
+                        large = np.ones(EAGER_BYTES // 8 + 1)  # by rendezvous
+                        nursery.start_soon(expect, "send", side.send(large, dest=1))
                         nursery.start_soon(expect, "recv_any", side.recv_any(tag=5))
                         await trio.testing.wait_all_tasks_blocked()
                         waiting.set()

@@ -4,7 +4,7 @@ import trio
 import trioring
 
 MICRO_BATCHES = 6
-ROWS, FEATURES = 32, 512  # 128 KiB of float64 per micro-batch: sent by rendezvous
+ROWS, FEATURES = 288, 512  # 1.125 MiB of float64 per micro-batch: sent by rendezvous
 ACTIVATION, RESULT = 1, 2  # tags
 
 

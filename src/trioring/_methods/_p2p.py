@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import _objects
 from .._concurrency import run_concurrently
-from .._core import CommunicatorCore
+from .._core import CommunicatorCore, State
 from .._errors import InvalidArgumentError, ProtocolError
 from .._p2p import TAG_BOUND, MessageKind
 
@@ -33,7 +33,7 @@ class PointToPointMethods(CommunicatorCore):
     ``dtype`` and shape travel with the message. Tags are ints with ``0 <= tag < 2**31``
     (``trioring.TAG_BOUND``); sending to oneself works.
 
-    *Small messages* (up to 64 KiB) are sent eagerly and buffered by the receiver if no
+    *Small messages* (up to 1 MiB) are sent eagerly and buffered by the receiver if no
     receive is waiting, within a window of credit per pair of ranks (4 MiB); *large ones*, or
     small ones beyond the window, wait for the matching receive (rendezvous) and then go
     straight from the sender's array into the receiver's, never buffered in between. So the
@@ -79,6 +79,20 @@ class PointToPointMethods(CommunicatorCore):
             )
         return value
 
+    def _usual(self, rank: object, tag: object) -> bool:
+        """Whether a call to ``rank`` (or from it) with ``tag`` needs no closer look: the
+        communicator is open and both are plain ints in range. Then the call's text, which
+        only an error shows, is not made: with it and the full checks, the way from
+        :meth:`send` into the endpoint took 14 us of the 76 that sending 8 bytes took at
+        world 2 on 2 vCPUs (bench/p2p.py's loop, timed in place)."""
+        return (
+            self._state is State.OPEN
+            and type(rank) is int
+            and 0 <= rank < self._world_size
+            and type(tag) is int
+            and 0 <= tag < TAG_BOUND
+        )
+
     def _checked_tag(self, what: str, tag: object) -> int:
         if isinstance(tag, bool) or not isinstance(tag, (int, np.integer)):
             raise self._p2p_invalid(what, f"tag must be an int, got {type(tag).__name__}")
@@ -99,10 +113,11 @@ class PointToPointMethods(CommunicatorCore):
             PeerFailedError: ``dest`` died or closed its communicator.
             CommunicatorClosedError, CommunicatorBrokenError: see the class docstring.
         """
-        what = f"send(dest={dest}, tag={tag})"
-        self._check_open_for_messages(what)
-        dest = self._checked_rank(what, "dest", dest)
-        tag = self._checked_tag(what, tag)
+        if not self._usual(dest, tag):
+            what = f"send(dest={dest}, tag={tag})"
+            self._check_open_for_messages(what)
+            dest = self._checked_rank(what, "dest", dest)
+            tag = self._checked_tag(what, tag)
         await self._endpoint.send(self._scope, dest, tag, array)
 
     async def recv(
@@ -123,10 +138,11 @@ class PointToPointMethods(CommunicatorCore):
             PeerFailedError: ``source`` died or closed its communicator.
             CommunicatorClosedError, CommunicatorBrokenError: see the class docstring.
         """
-        what = f"recv(source={source}, tag={tag})"
-        self._check_open_for_messages(what)
-        source = self._checked_rank(what, "source", source)
-        tag = self._checked_tag(what, tag)
+        if not self._usual(source, tag):
+            what = f"recv(source={source}, tag={tag})"
+            self._check_open_for_messages(what)
+            source = self._checked_rank(what, "source", source)
+            tag = self._checked_tag(what, tag)
         _, array = await self._endpoint.recv(self._scope, source, tag, out)
         return array
 

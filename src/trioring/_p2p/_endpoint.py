@@ -293,15 +293,32 @@ class Endpoint(Reading):
                 FrameType.EAGER, kind, DTYPE_CODES[data.dtype], data.shape, tag,
                 scope.comm_id, peer.take_id(), data.nbytes, data.size,
             )  # fmt: skip
-            async with peer.lock:  # cancellable: nothing is sent yet
+            lock = peer.lock
+            try:
+                # Taken at once when free, as it usually is: Trio's acquire passes through
+                # the scheduler even then (22 us of a 135 us send at world 2 on 2 vCPUs).
+                lock.acquire_nowait()
+                passed = False
+            except trio.WouldBlock:
+                await lock.acquire()  # cancellable: nothing is sent yet
+                passed = True
+            sent = False
+            try:
                 if peer.credit >= cost:  # still, after waiting for the lock
                     peer.credit -= cost
                     seq = comm.seq_out(world)
                     try:
-                        await self._write_locked(peer, header, _bytes_of(data))
+                        passed |= await self._write_locked(peer, header, _bytes_of(data))
                     except LinkDown as exc:
                         raise self._for_call(exc.base, scope, what, seq, world) from None
-                    return
+                    sent = True
+            finally:
+                lock.release()
+            if sent:
+                if not passed:
+                    # The message is out: a schedule point, but no Cancelled after it.
+                    await trio.lowlevel.cancel_shielded_checkpoint()
+                return
         await self._send_rendezvous(comm, peer, scope, tag, data, kind, what)
 
     async def _send_rendezvous(
