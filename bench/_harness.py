@@ -1,7 +1,8 @@
 """What the peers' workers (bench/_gloo_worker.py, bench/_mpi_worker.py,
-bench/_floor_worker.py) share: the iteration counts and warm-up of trioring bench
-(trioring/_bench.py), and the inputs of its copying collectives, copied here rather than
-imported, so that a peer's harness does not load the library it is compared with."""
+bench/_floor_worker.py, bench/_p2p_peer.py) share: the iteration counts and warm-up of
+trioring bench (trioring/_bench.py), the inputs of its copying collectives, and the sizes
+and round trips of bench/p2p.py's ping-pong, copied here rather than imported, so that a
+peer's harness does not load the library it is compared with."""
 
 from __future__ import annotations
 
@@ -31,3 +32,13 @@ def exchanged(n: int, k: int, source: int) -> np.ndarray:
     """What rank ``source`` sends in an alltoall: block j is ``source * n + j + 1``."""
     first = source * n + 1
     return np.repeat(np.arange(first, first + n, dtype=np.float32), k).reshape(n, k)
+
+
+#: The ping-pong's message sizes (bench/p2p.py): around trioring's eager limit and chunk
+#: (1 MiB).
+P2P_SIZES = [8, 1024, 64 * 1024, 1024 * 1024, 1024 * 1024 + 8, 16 * 1024 * 1024]
+
+
+def p2p_inner(size: int) -> int:
+    """Round trips per sample of the ping-pong."""
+    return 20 if size <= 1024 * 1024 else 5

@@ -2,35 +2,35 @@
 
     trioring run -n 2 --transport unix bench/p2p.py [ROUNDS]
 
-For each size, rank 0 sends and rank 1 sends back, ``INNER`` times per round; rank 0 prints
+For each size, rank 0 sends and rank 1 sends back, 20 times per round (5 above 1 MiB); rank 0 prints
 the median over ROUNDS (default 15) of half a round trip, the bandwidth that makes, and the
-p10-p90 spread. Sizes straddle the eager limit (64 KiB) and the chunk (1 MiB). Every echo
-is checked.
+p10-p90 spread, then ``P2P-RESULTS <json>`` (each size's median, in seconds) for
+bench/p2p_compare.py, which runs the same ping-pong through Gloo and Open MPI beside it.
+Sizes straddle the eager limit and the chunk (1 MiB). Every echo is checked.
 """
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 import time
 
 import numpy as np
 import trio
+from _harness import P2P_SIZES, p2p_inner
 
 import trioring
-
-SIZES = [8, 1024, 64 * 1024, 64 * 1024 + 8, 1024 * 1024, 16 * 1024 * 1024]
-INNER = 20
 
 
 async def main(rounds: int) -> int:
     async with trioring.open_communicator() as comm:
         r = comm.rank
         rows = []
-        for size in SIZES:
+        for size in P2P_SIZES:
             x = (np.arange(size, dtype=np.uint8) * 7).view(np.uint8)
             back = np.empty_like(x)
-            inner = max(2, INNER if size <= 1024 * 1024 else INNER // 4)
+            inner = p2p_inner(size)
             samples = []
             for _ in range(rounds):
                 await comm.barrier()
@@ -58,6 +58,7 @@ async def main(rounds: int) -> int:
                     f"{size:>10} {median * 1e6:>14.1f} {size / median / 1e9:>8.3f} "
                     f"{p10 * 1e6:>8.1f}-{p90 * 1e6:<8.1f}"
                 )
+            print("P2P-RESULTS " + json.dumps({size: median for size, median, _, _ in rows}))
     return 0
 
 

@@ -122,6 +122,18 @@ def test_reuse_script_runs() -> None:
         assert any(line in row and " us, out= " in row for row in stdout.splitlines()), stdout
 
 
+def test_p2p_script_runs() -> None:
+    """bench/p2p.py, briefly: the ping-pong checks every echo (a wrong one exits non-zero)
+    and rank 0 reports every size, in its table and as the JSON that bench/p2p_compare.py
+    reads."""
+    stdout = _run_bench_script("p2p.py", 2, "2")
+    line = next(row for row in stdout.splitlines() if "P2P-RESULTS " in row)
+    medians = json.loads(line.split("P2P-RESULTS ", 1)[1])
+    sizes = [8, 1024, 64 * 1024, 1024**2, 1024**2 + 8, 16 * 1024**2]
+    assert [int(size) for size in medians] == sizes, medians
+    assert all(seconds > 0 for seconds in medians.values()), medians
+
+
 def test_imbalance_script_runs() -> None:
     """bench/imbalance.py, briefly: it runs and its results are right."""
     stdout = _run_bench_script(

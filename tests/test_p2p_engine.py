@@ -25,6 +25,7 @@ from trioring._errors import (
 )
 from trioring._p2p import TAG_BOUND, Endpoint, MessageKind, Scope
 from trioring._p2p._frames import HEADER
+from trioring._p2p._peer import _READS_PER_YIELD, FrameReader
 from trioring.transports._abc import Connection
 from trioring.transports._memory import StreamConnection
 from trioring.transports._socket import SocketConnection
@@ -283,8 +284,11 @@ async def test_argument_checks() -> None:
                 await call
 
 
-async def test_checkpoints() -> None:
-    async with open_world(2) as w:
+@pytest.mark.parametrize("pair", ["memory", "socket"])
+async def test_checkpoints(pair: str) -> None:
+    """Every call is a schedule point, also a send that a socket takes at once (written
+    without a pass through the scheduler, which it then takes at its end)."""
+    async with open_world(2, PAIRS[pair]) as w:
         with trio.testing.assert_checkpoints():
             await w.send(0, 1, 0, np.zeros(3))  # eager
         with trio.testing.assert_checkpoints():
@@ -299,8 +303,9 @@ async def test_checkpoints() -> None:
             await w.send(0, 1, 0, np.zeros(3))
 
 
-async def test_a_cancelled_call_consumes_nothing_before_it_starts() -> None:
-    async with open_world(2) as w:
+@pytest.mark.parametrize("pair", ["memory", "socket"])
+async def test_a_cancelled_call_consumes_nothing_before_it_starts(pair: str) -> None:
+    async with open_world(2, PAIRS[pair]) as w:
         await w.send(0, 1, 0, np.ones(2))
         with trio.CancelScope() as scope:
             scope.cancel()
@@ -313,6 +318,63 @@ async def test_a_cancelled_call_consumes_nothing_before_it_starts() -> None:
         with trio.move_on_after(0.01):
             await w.recv(1, 0, 0)
             pytest.fail("the cancelled send was delivered")
+
+
+async def test_a_burst_over_a_socket_arrives_whole_and_in_order() -> None:
+    """Eager messages written back to back over a socket, each sender overwriting its array
+    as soon as its send returns (the frame went out synchronously, or was copied into the
+    socket), reach the receiver whole, in order, with their credit coming back; from two
+    tasks on two tags at once, while a rendezvous message crosses them."""
+    count = 300
+    async with open_world(2, socket_pair, eager_bytes=4096, chunk_bytes=16384) as w:
+        large = sample((5000,), seed=7)  # 40 KB: by rendezvous, in three chunks
+
+        async def burst(tag: int) -> None:
+            array = np.empty(64, np.int64)
+            for i in range(count):
+                array.fill(tag * 1000 + i)
+                await w.send(0, 1, tag, array)
+                array.fill(-1)  # at once: the message must not change
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(burst, 1)
+            nursery.start_soon(burst, 2)
+            nursery.start_soon(w.send, 0, 1, 3, large)
+            for tag in (1, 2):
+                for i in range(count):
+                    _, got = await w.recv(1, 0, tag)
+                    np.testing.assert_array_equal(got, np.full(64, tag * 1000 + i))
+            _, got = await w.recv(1, 0, 3)
+            np.testing.assert_array_equal(got, large)
+        await trio.testing.wait_all_tasks_blocked()
+        assert w.endpoints[1]._peers[0].buffered == 0
+
+
+async def test_the_reader_of_a_socket_yields_while_bytes_keep_coming() -> None:
+    """A socket's reader takes what is there without a pass through the scheduler, but
+    passes through it after 16 such reads in a row, so that a peer that keeps the socket
+    full cannot hold the thread; a read that finds nothing parks (a schedule point too)."""
+    a, b = socket_pair()
+    reader = FrameReader(b)
+    chunk = memoryview(bytearray(8))
+    await a.send_all(bytes(range(8)) * 40)
+    for _ in range(_READS_PER_YIELD - 1):
+        with trio.testing.assert_no_checkpoints():
+            await reader.read_into(chunk)
+        assert bytes(chunk) == bytes(range(8))
+    with trio.testing.assert_checkpoints():
+        await reader.read_into(chunk)
+    with trio.testing.assert_no_checkpoints():
+        await reader.read_into(chunk)
+    # 23 chunks are left: a read of 30 takes them and parks for the other 7.
+    rest = bytearray(8 * 30)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(reader.read_into, memoryview(rest))
+        await trio.testing.wait_all_tasks_blocked()
+        await a.send_all(bytes(range(8, 16)) * 7)
+    assert rest == bytes(range(8)) * 23 + bytes(range(8, 16)) * 7
+    await a.aclose()
+    await b.aclose()
 
 
 # -- sending to oneself, any source, rings ------------------------------------------------
