@@ -1,6 +1,7 @@
 """The engine under :class:`~trioring._p2p.Endpoint`: per-peer and per-communicator state,
-frame writing, matching and failure handling (the readers are in _reading.py). See
-_endpoint.py for the protocol and the guarantees; this module keeps the mechanics."""
+frame writing, matching and failure handling (the readers are in _reading.py, the sends in
+_sending.py). See _endpoint.py for the protocol and the guarantees; this module keeps the
+mechanics."""
 
 from __future__ import annotations
 
