@@ -1,5 +1,5 @@
 """Scan and exscan (issue 15): inclusive and exclusive prefix reductions by recursive
-doubling.
+doubling, and through the shared segment on one host in the same order of operations.
 
 At worlds 1-17, 24, 27 and 32 over in-memory streams with small chunks; sizes 0, 1, odd and
 across chunk boundaries; every dtype (bool, float16 and complex included) with every op it
@@ -28,6 +28,7 @@ from exact_inputs import UFUNCS, make, ops_for
 from launched import run_killed, run_reports
 from local_runs import force, on_every_rank
 from trioring._collectives import _decision
+from trioring._onehost._shm import SHM_MAX_BYTES
 from trioring.testing import open_local_world
 
 if TYPE_CHECKING:
@@ -108,10 +109,14 @@ async def check_scan(
         assert np.array_equal(arrays[r], expected), (what, r, arrays[r], expected)
 
 
-def test_the_table_has_one_algorithm() -> None:
-    assert _decision.ALGORITHMS["scan"] == ("recursive_doubling",)
-    assert _decision.ALGORITHMS["exscan"] == ("recursive_doubling",)
-    assert _decision.scan() == "recursive_doubling"
+def test_the_table_takes_the_segment_for_what_fits_a_slot() -> None:
+    """Recursive doubling, except through the shared segment for arrays that fit a slot."""
+    assert _decision.ALGORITHMS["scan"] == ("recursive_doubling", "shm")
+    assert _decision.ALGORITHMS["exscan"] == ("recursive_doubling", "shm")
+    assert _decision.scan(4, shm=False) == "recursive_doubling"
+    assert _decision.scan(4, shm=True) == "shm"
+    assert _decision.scan(SHM_MAX_BYTES, shm=True) == "shm"
+    assert _decision.scan(SHM_MAX_BYTES + 1, shm=True) == "recursive_doubling"
 
 
 @pytest.mark.parametrize("world_size", WORLDS)
@@ -570,11 +575,16 @@ async def test_cancelling_one_rank_reaches_every_rank(
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize("transport", ["tcp", "unix"])
 def test_real_processes(tmp_path: Path, transport: str, world_size: int) -> None:
+    """Right results over both transports; over Unix sockets (the shared segment) the
+    segment's scan ran, bitwise the same as recursive doubling's through the sockets."""
     reports = run_reports(
         WORKER, ["check", str(tmp_path)], tmp_path, world_size, transport=transport
     )
     for report in reports:
         assert report["errors"] == [], report["errors"]
+        through_segment = "shm" in report["features"]
+        assert through_segment == (transport == "unix" and world_size > 1), report
+        assert (report["calls"].get("shm_scan", 0) > 0) == through_segment, report
 
 
 @pytest.mark.parametrize(("kind", "victim"), [("scan", 2), ("exscan", 1)])

@@ -4,7 +4,9 @@
 
 - ``check``: scan and exscan at several sizes (one across the 1 MiB chunks), dtypes and
   ops, checked against numpy's accumulate over the ranks (inputs from tests/exact_inputs.py,
-  exact in any order); the report (``rank{RANK}.json``) lists any errors.
+  exact in any order); then random floats by every algorithm this world can run, forced in
+  turn, bitwise the same by each; the report (``rank{RANK}.json``) lists any errors, and
+  counts the calls into the shared segment's scan.
 - ``kill COLLECTIVE VICTIM``: every rank runs COLLECTIVE (``scan`` or ``exscan``) on 16 MiB
   of float32 (16 chunks); rank VICTIM SIGKILLs itself at its third reduction, in the
   middle of the call. Survivors report what they raised (type, peer, message) and how long
@@ -71,6 +73,41 @@ async def check(comm: trioring.Communicator, errors: list[str]) -> None:
             expected = prefix(inputs, op, r, name == "exscan")
             if expected is not None and not np.array_equal(array, expected):
                 errors.append(f"{name} {dtype}[{count}] {op}: wrong result on rank {r}")
+    await same_bits_by_every_algorithm(comm, errors)
+
+
+async def same_bits_by_every_algorithm(comm: trioring.Communicator, errors: list[str]) -> None:
+    """Random floats, whose last bits tell orders of operations apart, scanned by every
+    algorithm that this world can run, forced in turn (the shared segment's only with the
+    "shm" feature): every rank's result bitwise the same by each, and each also overwritten
+    at once by the caller (the next call starts from a fresh copy)."""
+    n, r = comm.world_size, comm.rank
+    names = [
+        name
+        for name in _decision.ALGORITHMS["scan"]
+        if name != "shm" or ("shm" in comm.features and n > 1)
+    ]
+    cases = [("float64", "sum", 21), ("float32", "prod", 5), ("complex64", "prod", 1)]
+    cases += [("complex128", "sum", 9), ("float16", "sum", 40), ("float32", "sum", 65_536)]
+    for seed, (dtype_name, op, count) in enumerate(cases):
+        rng = np.random.default_rng([seed, r, 7])
+        values = rng.standard_normal(count) * 3
+        if np.dtype(dtype_name).kind == "c":
+            values = values + 1j * rng.standard_normal(count)
+        mine = values.astype(dtype_name)
+        for kind in ("scan", "exscan"):
+            results = {}
+            for name in names:
+                comm._force_algorithm(kind, name)
+                array = mine.copy()
+                await getattr(comm, kind)(array, op=op)
+                results[name] = array.tobytes()
+                array[...] = 0
+            comm._force_algorithm(kind, None)
+            if len(set(results.values())) != 1:
+                errors.append(
+                    f"{kind} {dtype_name}[{count}] {op}: {sorted(results)} differ on rank {r}"
+                )
 
 
 def kill_at_third_reduction() -> None:
@@ -146,6 +183,8 @@ async def main(mode: str, out_dir: Path, args: list[str]) -> int:
     report: dict[str, Any] = {"errors": errors}
     if mode == "kill":
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    if mode == "check":
+        count_calls(_shm_reductions, "shm_scan")
     if mode == "bitwise":
         count_calls(_shm_reductions, "shm_allreduce")
         count_calls(_cma_collectives, "cma_allreduce")

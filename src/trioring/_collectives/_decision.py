@@ -78,8 +78,10 @@ reduce           otherwise                                            ``reduce_s
 ==========  ==================================  ======================
 collective  condition (see SCAN_FAMILY below)   algorithm
 ==========  ==================================  ======================
-scan        any size, chunk by chunk            ``recursive_doubling``
-exscan      any size, chunk by chunk            ``recursive_doubling``
+scan        "shm", up to ``SHM_MAX_BYTES``      ``shm``
+scan        otherwise, chunk by chunk           ``recursive_doubling``
+exscan      "shm", up to ``SHM_MAX_BYTES``      ``shm``
+exscan      otherwise, chunk by chunk           ``recursive_doubling``
 ==========  ==================================  ======================
 
 The world size enters through the limits (the shared-memory allreduce needs log2 p arrays'
@@ -167,8 +169,8 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
     "scatterv": ("tree",),
     "alltoall": ("shm", "pipe", "cma", "bruck", "pairwise"),
     "alltoallv": ("pairwise",),
-    "scan": ("recursive_doubling",),
-    "exscan": ("recursive_doubling",),
+    "scan": ("recursive_doubling", "shm"),
+    "exscan": ("recursive_doubling", "shm"),
 }
 
 
@@ -308,12 +310,16 @@ def alltoallv(*, slotted: bool = False) -> str:
 # of chunk_bytes so that its scratch stays two chunks. At the sizes a scan is mostly used
 # for (a count per rank, an offset into a shared output) latency is all that counts. Large
 # arrays pay ceil(log2 n) m beta, where a chain pipelined in chunks would pay about m beta
-# plus n - 1 hops of latency: not written, so there is nothing to choose yet.
+# plus n - 1 hops of latency: not written. On one host an array that fits a slot of the
+# shared segment goes through it: one publication, after which rank r folds the ranks below
+# it in recursive doubling's order (r - 1 reductions on rank r, against ceil(log2 n)
+# exchanges through the sockets).
 
 
-def scan() -> str:
-    """The scan and exscan row (see SCAN_FAMILY above)."""
-    return "recursive_doubling"
+def scan(nbytes: int, shm: bool) -> str:
+    """The scan and exscan row for an array of ``nbytes`` (see SCAN_FAMILY above); ``shm``:
+    whether there is a shared segment."""
+    return "shm" if shm and nbytes <= SHM_MAX_BYTES else "recursive_doubling"
 
 
 # GATHER_FAMILY: without the one-host paths, gather, gatherv, scatter and scatterv go by the

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import _algorithms
+from .._onehost import _shm_reductions
+from .._onehost._shm import SHM_MAX_BYTES
 from .._wire import DTYPE_CODES, NO_ROOT
 from . import _decision
 from ._allreduce import OP_CODES, UFUNCS, ReduceOp, check, check_op
@@ -32,7 +34,7 @@ if TYPE_CHECKING:
     from .._wire import OpSpec
     from ._checks import Identity, Plan
 
-__all__ = ["check_scan", "identity", "plan_scan", "scan_body"]
+__all__ = ["check_scan", "identity", "plan_scan", "scan_body", "unrunnable"]
 
 
 def check_scan(collective: str, array: object, op: object) -> tuple[np.ndarray[Any, Any], ReduceOp]:
@@ -75,10 +77,10 @@ def identity(dtype: np.dtype[Any], op: ReduceOp) -> np.ndarray[Any, Any]:
 def scan_body(
     name: str, world: World, flat: np.ndarray, reduce_op: ReduceOp, *, exclusive: bool
 ) -> Callable[[OpSpec], Awaitable[None]]:
-    """The Communicator's step that scans ``flat`` in place by the algorithm ``name`` (only
-    ``"recursive_doubling"`` today)."""
-    assert name == "recursive_doubling", name
-    algorithm = _algorithms.recursive_doubling_scan
+    """The Communicator's step that scans ``flat`` in place by the algorithm ``name``
+    (``"recursive_doubling"``, or ``"shm"`` through the shared segment, in the same order
+    of operations)."""
+    algorithm = _shm_reductions.shm_scan if name == "shm" else _algorithms.recursive_doubling_scan
     ufunc = UFUNCS[reduce_op]
     start = identity(flat.dtype, reduce_op) if exclusive else None
 
@@ -88,6 +90,19 @@ def scan_body(
     return run
 
 
+def unrunnable(collective: str, name: str, world: World, nbytes: int) -> str | None:
+    """Why the forced algorithm ``name`` cannot scan ``nbytes`` here; None if it can."""
+    if name == "shm":
+        if world.shm is None:
+            return f"the forced {collective} algorithm 'shm' needs the \"shm\" feature"
+        if nbytes > SHM_MAX_BYTES:
+            return (
+                f"the forced {collective} algorithm 'shm' takes arrays of at most "
+                f"{SHM_MAX_BYTES} bytes, not {nbytes}"
+            )
+    return None
+
+
 def plan_scan(
     collective: str, world: World, forced: str | None, array: object, op: object
 ) -> Plan[None]:
@@ -95,7 +110,10 @@ def plan_scan(
     checks, the algorithm (``forced``, or the table's), the step and the identity; or
     Refused."""
     flat, reduce_op = check_scan(collective, array, op)
-    name = forced if forced is not None else _decision.scan()
+    if forced is not None and (why := unrunnable(collective, forced, world, flat.nbytes)):
+        raise Refused(why)
+    shm = world.shm is not None and world.size > 1
+    name = forced if forced is not None else _decision.scan(flat.nbytes, shm)
     body = scan_body(name, world, flat, reduce_op, exclusive=collective == "exscan")
     fields: Identity = {
         "dtype_code": DTYPE_CODES[flat.dtype],

@@ -30,8 +30,9 @@ class ScanMethods(CommunicatorCore):
         :meth:`exscan` instead, raises :class:`~trioring.CollectiveMismatchError` on every
         rank whose result depends on the odd rank's call (directly, or through the partial
         results it waits for); nobody hangs. When ``world_size`` is a power of two that is
-        every rank. Otherwise a rank whose result does not depend on it (rank 1 of 3, when
-        rank 2 differs) returns its result, which is right, and its next call raises. If
+        every rank, and so it is through the shared segment (see below). Otherwise a rank
+        whose result does not depend on it (rank 1 of 3, when rank 2 differs) returns its
+        result, which is right, and its next call raises. If
         the call fails or is cancelled, ``array``'s contents are unspecified and the
         communicator is broken (see :class:`Communicator`). A world of one, and a size of
         0, work (and still checkpoint).
@@ -55,7 +56,13 @@ class ScanMethods(CommunicatorCore):
         rank ``rank ^ 2^k`` where that rank exists, for arrays of any size in chunks of
         ``DEFAULT_CHUNK_BYTES`` (the whole algorithm once per chunk). Cost per chunk of
         ``m`` bytes: ``ceil(log2 n) (alpha + m beta + m gamma)``. Scratch: two chunks (the
-        partial result and the incoming one), never a copy of the array.
+        partial result and the incoming one), never a copy of the array. On one host (the
+        ``"shm"`` entry of :attr:`features`), arrays of up to ``SHM_MAX_BYTES`` go through
+        the shared segment instead: every rank but the last publishes its array and the
+        call, every rank checks every rank's call, and rank ``r`` folds the ranks below it
+        from the slots with recursive doubling's operations in its order, so the result is
+        bitwise the same as through the sockets (``r`` reductions on rank ``r``, with up to
+        ``log2 r`` temporary arrays).
 
         Args:
             array: C-contiguous, writable ``numpy.ndarray`` (or ``numpy.memmap``) of a

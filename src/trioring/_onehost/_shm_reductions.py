@@ -17,7 +17,14 @@ if TYPE_CHECKING:
     from .._algorithms import World
     from .._wire import OpSpec
 
-__all__ = ["ReducePlan", "reduce_temporaries", "shm_allreduce", "shm_reduce", "shm_reduce_scatter"]
+__all__ = [
+    "ReducePlan",
+    "reduce_temporaries",
+    "shm_allreduce",
+    "shm_reduce",
+    "shm_reduce_scatter",
+    "shm_scan",
+]
 
 
 #: One step of a shared-memory reduction: ``reduce(a, b, out=out)``, where an ``out`` of
@@ -189,3 +196,59 @@ async def shm_reduce(
         key = (parity, flat.dtype, 0, flat.shape[0], own)
         _reduce_rows(world, key, rows, flat, reduce, divide, flat)
     shm_done(world, spec)
+
+
+async def shm_scan(
+    world: World,
+    spec: OpSpec,
+    flat: np.ndarray,
+    reduce: np.ufunc,
+    *,
+    exclusive: bool,
+    identity: np.ndarray | None,
+) -> None:
+    """Scan (or exscan) through the shared segment: every rank but the last publishes its
+    array (nobody reads the last one's), then rank r folds what recursive doubling's rounds
+    would have brought it from the ranks below, in the same order and with the same
+    operations, in place where that algorithm works in place (see :func:`_partial`): the
+    result is bitwise the socket path's (see ``_algorithms.recursive_doubling_scan``). Rank
+    r reduces about r arrays, with at most ``log2 r`` temporaries at a time."""
+    n, r = world.size, world.rank
+    _, rows = await shm_exchange(world, spec, flat, write=r != n - 1)
+    with ignore_fp_errors():
+        have_result = not exclusive
+        mask = 1
+        while mask <= r:
+            if r & mask:
+                # The lower partner's partial: the aligned block of ``mask`` ranks below.
+                incoming = _partial(rows, r ^ mask, mask.bit_length() - 1, reduce)
+                if have_result:
+                    reduce(incoming, flat, out=flat)
+                else:
+                    flat[...] = incoming
+                    have_result = True
+            mask <<= 1
+        if not have_result:  # rank 0 of an exscan
+            flat[...] = identity
+    shm_done(world, spec)
+
+
+def _partial(rows: np.ndarray, q: int, rounds: int, reduce: np.ufunc) -> np.ndarray:
+    """Rank ``q``'s partial after its first ``rounds`` rounds of recursive doubling (the
+    reduction of the aligned block of ``2**rounds`` ranks around it), computed as rank q
+    computes it: its partner's on the left where the partner is lower, in place on its own
+    (numpy's in-place loops can round differently from its out-of-place ones for complex
+    numbers). A row of the slots when ``rounds`` is 0 (read only), else a new array."""
+    if rounds == 0:
+        row: np.ndarray = rows[q]
+        return row
+    partner = q ^ (1 << (rounds - 1))
+    mine = _partial(rows, q, rounds - 1, reduce)
+    if rounds == 1:
+        mine = mine.copy()  # a slot row: the partial starts as a copy of the input
+    theirs = _partial(rows, partner, rounds - 1, reduce)
+    if partner < q:
+        reduce(theirs, mine, out=mine)
+    else:
+        reduce(mine, theirs, out=mine)
+    return mine
