@@ -31,7 +31,7 @@ from .._onehost._shm import SHM_MAX_BYTES
 from .._onehost._shm_collectives import shm_done
 from .._wire import DTYPE_CODES
 from ._checks import Refused, check_array, check_out
-from ._counts import checked_rows
+from ._counts import bounds_of, checked_rows, parts_of
 from ._decision import allgather as decide, copy_unrunnable
 
 if TYPE_CHECKING:
@@ -224,20 +224,9 @@ def body_v(
 
     def gathered_for(all_rows: list[int]) -> tuple[np.ndarray, list[int]]:
         """The result buffer and every rank's bounds in it, with ``parts`` filled."""
-        bounds = [0]
-        for peer_rows in all_rows:
-            bounds.append(bounds[-1] + peer_rows * size)
+        bounds = bounds_of(all_rows, size)
         gathered = np.empty(bounds[n], dtype=flat.dtype) if out is None else out
-        blocks = [gathered[bounds[i] : bounds[i + 1]] for i in range(n)]
-        # 1-D arrays (most calls, the object collectives' bytes included) need no reshape.
-        parts[:] = (
-            [
-                block.reshape(rows_i, *trailing)
-                for block, rows_i in zip(blocks, all_rows, strict=True)
-            ]
-            if trailing
-            else blocks
-        )
+        parts[:] = parts_of(gathered, bounds, all_rows, trailing)
         return gathered, bounds
 
     async def by_sockets(spec: OpSpec) -> None:

@@ -34,7 +34,7 @@ from .._onehost._shm_collectives import shm_done
 from .._wire import DTYPE_CODES
 from . import _decision
 from ._checks import Refused, check_array, check_out
-from ._counts import describe, impossible_counts, mismatch
+from ._counts import bounds_of, describe, impossible_counts, mismatch, parts_of
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -212,9 +212,7 @@ def _body_v(
 
     def received_for(incoming: list[int]) -> tuple[np.ndarray, list[int], list[np.ndarray]]:
         """The result buffer, each sender's bounds in it and its block of it."""
-        bounds = [0]
-        for peer_rows in incoming:
-            bounds.append(bounds[-1] + peer_rows * size)
+        bounds = bounds_of(incoming, size)
         total = bounds[n]
         if out is not None and out.shape[0] != total:
             problems.append(
@@ -226,10 +224,7 @@ def _body_v(
         else:
             received = np.empty(total, dtype) if out is None else out
         recvs = [received[bounds[i] : bounds[i + 1]] for i in range(n)]
-        # 1-D arrays (most calls) need no reshape.
-        parts[:] = (
-            [recvs[i].reshape(incoming[i], *trailing) for i in range(n)] if trailing else recvs
-        )
+        parts[:] = parts_of(received, bounds, incoming, trailing)
         return received, bounds, recvs
 
     async def by_sockets(spec: OpSpec) -> None:

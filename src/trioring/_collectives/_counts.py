@@ -1,6 +1,6 @@
 """What the uneven collectives (allgatherv, gatherv, alltoallv) say when the counts that the
-ranks exchanged before their data do not fit: one wording for all of them, and the checks
-of allgatherv's and gatherv's vectors."""
+ranks exchanged before their data do not fit: one wording for all of them, the checks of
+allgatherv's and gatherv's vectors, and the layout of their results."""
 
 from __future__ import annotations
 
@@ -10,10 +10,20 @@ from typing import TYPE_CHECKING
 from .._errors import CollectiveMismatchError, ProtocolError
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from .._algorithms import World
     from .._wire import OpSpec
 
-__all__ = ["checked_rows", "describe", "impossible_counts", "job_id", "mismatch"]
+__all__ = [
+    "bounds_of",
+    "checked_rows",
+    "describe",
+    "impossible_counts",
+    "job_id",
+    "mismatch",
+    "parts_of",
+]
 
 
 def job_id(world: World) -> str | None:
@@ -106,3 +116,23 @@ def _me(world: World, spec: OpSpec, table: list[list[int]], width: int) -> str:
     """This rank's call with its rows, as the message about an ``out=`` names it."""
     mine = table[world.rank]
     return describe(spec, tuple(mine[2:width]), mine[0])
+
+
+def bounds_of(all_rows: list[int], row_size: int) -> list[int]:
+    """Where each rank's block starts in the result, in elements, and where the last ends:
+    rank q's rows of ``row_size`` elements at ``[bounds[q], bounds[q + 1])``."""
+    bounds = [0]
+    for rows in all_rows:
+        bounds.append(bounds[-1] + rows * row_size)
+    return bounds
+
+
+def parts_of(
+    buffer: np.ndarray, bounds: list[int], all_rows: list[int], trailing: tuple[int, ...]
+) -> list[np.ndarray]:
+    """Each rank's block of the flat ``buffer``, shaped ``(rows, *trailing)``: views. 1-D
+    blocks (most calls, the object collectives' bytes included) need no reshape."""
+    blocks = [buffer[bounds[q] : bounds[q + 1]] for q in range(len(all_rows))]
+    if not trailing:
+        return blocks
+    return [block.reshape(rows, *trailing) for block, rows in zip(blocks, all_rows, strict=True)]

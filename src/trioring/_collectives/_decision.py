@@ -408,9 +408,10 @@ def scatter(
 
 
 def copy_unrunnable(collective: str, name: str, world: World, nbytes: int) -> str | None:
-    """Why the forced one-host algorithm ``name`` of a copying collective (allgather,
-    gather, scatter, alltoall) cannot move ``nbytes`` (what one rank writes to the shared
-    segment) here; None if it can, or if ``name`` is not a one-host algorithm."""
+    """Why the forced one-host algorithm ``name`` of a collective that copies through the
+    shared segment (allgather, gather, scatter, alltoall, scan) cannot move ``nbytes``
+    (what one rank writes to it) here; None if it can, or if ``name`` is not a one-host
+    algorithm."""
     if name == "shm":
         if world.shm is None:
             return f"the forced {collective} algorithm 'shm' needs the \"shm\" feature"

@@ -40,7 +40,7 @@ from .._onehost._shm_collectives import shm_done
 from .._wire import DTYPE_CODES
 from . import _decision
 from ._checks import Refused, agree, check_array, check_out, check_root
-from ._counts import checked_rows
+from ._counts import bounds_of, checked_rows, parts_of
 
 if TYPE_CHECKING:
     from .._algorithms import World
@@ -166,24 +166,12 @@ def plan_gatherv(
                 )
             table = vectors.tolist()
         all_rows = checked_rows(world, spec, table, m, checked_root)
-        row = math.prod(trailing)
-        bounds = [0]
-        for peer_rows in all_rows:
-            bounds.append(bounds[-1] + peer_rows * row)
+        bounds = bounds_of(all_rows, math.prod(trailing))
         total = bounds[n]
         gathered = None
         if parts is not None:
             gathered = np.empty(total, dtype=dtype) if target is None else target
-            blocks = [gathered[bounds[q] : bounds[q + 1]] for q in range(n)]
-            # 1-D arrays (most calls, gather_object's bytes included) need no reshape.
-            parts[:] = (
-                [
-                    block.reshape(rows_q, *trailing)
-                    for block, rows_q in zip(blocks, all_rows, strict=True)
-                ]
-                if trailing
-                else blocks
-            )
+            parts[:] = parts_of(gathered, bounds, all_rows, trailing)
         by = "tree"
         if slots is not None:
             itemsize = dtype.itemsize

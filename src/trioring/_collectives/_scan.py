@@ -21,11 +21,11 @@ import numpy as np
 
 from .. import _algorithms
 from .._onehost import _shm_reductions
-from .._onehost._shm import SHM_MAX_BYTES
 from .._wire import DTYPE_CODES, NO_ROOT
 from . import _decision
 from ._allreduce import OP_CODES, UFUNCS, ReduceOp, check, check_op
 from ._checks import Refused
+from ._decision import copy_unrunnable
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from .._wire import OpSpec
     from ._checks import Identity, Plan
 
-__all__ = ["check_scan", "identity", "plan_scan", "scan_body", "unrunnable"]
+__all__ = ["check_scan", "identity", "plan_scan", "scan_body"]
 
 
 def check_scan(collective: str, array: object, op: object) -> tuple[np.ndarray[Any, Any], ReduceOp]:
@@ -90,19 +90,6 @@ def scan_body(
     return run
 
 
-def unrunnable(collective: str, name: str, world: World, nbytes: int) -> str | None:
-    """Why the forced algorithm ``name`` cannot scan ``nbytes`` here; None if it can."""
-    if name == "shm":
-        if world.shm is None:
-            return f"the forced {collective} algorithm 'shm' needs the \"shm\" feature"
-        if nbytes > SHM_MAX_BYTES:
-            return (
-                f"the forced {collective} algorithm 'shm' takes arrays of at most "
-                f"{SHM_MAX_BYTES} bytes, not {nbytes}"
-            )
-    return None
-
-
 def plan_scan(
     collective: str, world: World, forced: str | None, array: object, op: object
 ) -> Plan[None]:
@@ -110,7 +97,7 @@ def plan_scan(
     checks, the algorithm (``forced``, or the table's), the step and the identity; or
     Refused."""
     flat, reduce_op = check_scan(collective, array, op)
-    if forced is not None and (why := unrunnable(collective, forced, world, flat.nbytes)):
+    if forced is not None and (why := copy_unrunnable(collective, forced, world, flat.nbytes)):
         raise Refused(why)
     shm = world.shm is not None and world.size > 1
     name = forced if forced is not None else _decision.scan(flat.nbytes, shm)
