@@ -231,6 +231,29 @@ def test_host_crash_every_survivor_names_the_dead_rank(ranks: Ranks) -> None:
         assert after <= DETECTION_BOUND, (after, error)
 
 
+def test_host_crash_during_messages_every_survivor_raises(ranks: Ranks) -> None:
+    """Ranks pass messages round a ring (sendrecv) when rank 2's host crashes: rank 0,
+    whose receive waits on rank 2, raises PeerFailedError naming rank 2 within the bound
+    (the connection's reader notices the silence, not a collective); rank 1, whose sends
+    go to rank 2, raises within it too, naming rank 2 or rank 0 (which left once it
+    raised). Nobody hangs."""
+    ranks.start_world(3, "messages")
+    ranks.wait_for("looping", [0, 1, 2])
+    fault_at = time.monotonic()
+    ranks.hosts.link_down(2)
+    ranks.signal(2, signal.SIGKILL)
+    reports = {
+        report["index"]: report for report in ranks.finish([0, 1], timeout=DETECTION_BOUND + WAIT_S)
+    }
+    error, after = failure(reports[0], "messages", fault_at)
+    assert_names(error, {2})
+    assert after <= DETECTION_BOUND, (after, error)
+    error, after = failure(reports[1], "messages", fault_at)
+    assert error["type"] == "PeerFailedError", error
+    assert error["peer"] in (0, 2), error
+    assert after <= DETECTION_BOUND, (after, error)
+
+
 # -- a partition: rank 2's host drops every packet, both ways ------------------------------
 
 

@@ -15,6 +15,10 @@ Scenarios:
   ``looping`` once the first one is done), checking every result, until the test creates
   ``finish``: each rank adds to every allreduce whether it has seen that file, so that all
   stop after the same one. Records ``iterations``.
+- ``messages``: open a communicator (marker ``connected``), then pass small arrays round
+  the ring with ``sendrecv`` (to rank + 1, from rank - 1) again and again (step
+  ``messages``; marker ``looping`` once the first one is done), checking every one, until
+  the test creates ``finish``. Records ``iterations``.
 - ``open``: open a communicator and close it again (step ``open``), for rendezvous faults.
 - ``connect ADDRESS TIMEOUT``: one ``TcpTransport.connect`` to ``ADDRESS`` with a peer timeout
   of ``TIMEOUT`` seconds (step ``connect``), no communicator.
@@ -94,6 +98,36 @@ async def scenario_loop(reporter: Reporter, args: list[str]) -> None:
         reporter.report["iterations"] = iterations
 
 
+async def scenario_messages(reporter: Reporter, args: list[str]) -> None:
+    finish = reporter.out_dir / "finish"
+    iterations = 0
+    async with contextlib.AsyncExitStack() as stack:
+        comms: list[trioring.Communicator] = []
+
+        async def open_() -> None:
+            comms.append(await stack.enter_async_context(trioring.open_communicator()))
+
+        if await timed(reporter, "open", open_) is not None:
+            return
+        comm = comms[0]
+        reporter.mark("connected")
+        n, r = comm.world_size, comm.rank
+
+        async def loop() -> None:
+            nonlocal iterations
+            while not finish.exists():
+                token = np.full(8, r * 1000 + iterations, np.int64)
+                got = await comm.sendrecv(token, dest=(r + 1) % n, source=(r - 1) % n)
+                if got[0] != (r - 1) % n * 1000 + iterations:
+                    raise AssertionError(f"wrong message {got[0]} in round {iterations}")
+                iterations += 1
+                if iterations == 1:
+                    reporter.mark("looping")
+
+        await timed(reporter, "messages", loop)
+        reporter.report["iterations"] = iterations
+
+
 async def scenario_open(reporter: Reporter, args: list[str]) -> None:
     async def open_and_close() -> None:
         async with trioring.open_communicator():
@@ -113,7 +147,12 @@ async def scenario_connect(reporter: Reporter, args: list[str]) -> None:
     await timed(reporter, "connect", connect)
 
 
-SCENARIOS = {"loop": scenario_loop, "open": scenario_open, "connect": scenario_connect}
+SCENARIOS = {
+    "loop": scenario_loop,
+    "messages": scenario_messages,
+    "open": scenario_open,
+    "connect": scenario_connect,
+}
 
 
 def main() -> None:

@@ -31,7 +31,7 @@ from ._frames import (
     pack_credit,
 )
 from ._matching import CommState, Message, PostedRecv, Scope, wake
-from ._peer import Peer
+from ._peer import Peer, lost
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -57,8 +57,6 @@ CHUNK_BYTES = 1024 * 1024
 MESSAGE_OVERHEAD = 256
 #: Unexpected RTS frames one peer may leave pending with us (about 1 KiB of memory each).
 MAX_PENDING_RTS = 65536
-
-_LOST = "its connection ended: the peer exited, crashed or closed its communicator"
 
 
 class LinkDown(Exception):
@@ -307,8 +305,7 @@ class Engine:
     def _link_down(self, peer: Peer, exc: BaseException) -> LinkDown:
         if self._closed:
             return LinkDown(self._closed_error(None, "write"))
-        detail = f"{_LOST} ({exc})" if str(exc) else _LOST
-        return LinkDown(self._record_failure(peer, PeerFailedError, detail))
+        return LinkDown(self._record_failure(peer, PeerFailedError, lost(exc)))
 
     # -- writing ---------------------------------------------------------------------------
 

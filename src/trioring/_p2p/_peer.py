@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, final
 
 import trio
 
-from ..transports._socket import SocketConnection
+from ..transports._socket import UNREACHABLE_ERRNOS, SocketConnection
 
 if TYPE_CHECKING:
     from .._errors import TrioringError
@@ -21,6 +21,21 @@ _READ_BYTES = 64 * 1024
 #: scheduler anyway, so that a peer that keeps the socket full cannot hold the thread: a
 #: few MiB at most (each read takes what the socket holds), or dozens of small frames.
 _READS_PER_YIELD = 16
+
+_LOST = "its connection ended: the peer exited, crashed or closed its communicator"
+
+
+def lost(exc: BaseException) -> str:
+    """What a broken connection says about its peer. A timeout (the kernel's, or the
+    transport's TRIORING_PEER_TIMEOUT) means that the peer's host went silent, not that the
+    peer exited: say so, as the collectives do (_link_errors)."""
+    cause = exc.__cause__
+    if isinstance(cause, OSError) and cause.errno in UNREACHABLE_ERRNOS:
+        return (
+            f"it became unreachable ({exc}): its host crashed or lost its network, or the "
+            "network drops its packets"
+        )
+    return f"{_LOST} ({exc})" if str(exc) else _LOST
 
 
 @final

@@ -9,7 +9,7 @@ import numpy as np
 import trio
 
 from .._errors import PeerFailedError, ProtocolError
-from ._engine import _LOST, MAX_PENDING_RTS, MESSAGE_OVERHEAD, Engine
+from ._engine import MAX_PENDING_RTS, MESSAGE_OVERHEAD, Engine
 from ._frames import (
     DIM,
     HEADER,
@@ -23,7 +23,7 @@ from ._frames import (
     pack_left,
 )
 from ._matching import Message, wake
-from ._peer import FrameReader, Peer
+from ._peer import _LOST, FrameReader, Peer, lost
 
 __all__ = ["Reading"]
 
@@ -45,7 +45,7 @@ class Reading(Engine):
         except EOFError:
             self._record_failure(peer, PeerFailedError, _LOST)
         except trio.BrokenResourceError as exc:
-            self._record_failure(peer, PeerFailedError, f"{_LOST} ({exc})" if str(exc) else _LOST)
+            self._record_failure(peer, PeerFailedError, lost(exc))
         except trio.ClosedResourceError:
             if not self._closed:
                 self._record_failure(peer, PeerFailedError, _LOST)
