@@ -63,20 +63,30 @@ async def timed(
     return exc
 
 
+async def opened(
+    reporter: Reporter, stack: contextlib.AsyncExitStack
+) -> trioring.Communicator | None:
+    """A communicator from the environment, closed with ``stack`` (step ``open``, marker
+    ``connected``); None if opening failed (the step records why)."""
+    comms: list[trioring.Communicator] = []
+
+    async def open_() -> None:
+        comms.append(await stack.enter_async_context(trioring.open_communicator()))
+
+    if await timed(reporter, "open", open_) is not None:
+        return None
+    reporter.mark("connected")
+    return comms[0]
+
+
 async def scenario_loop(reporter: Reporter, args: list[str]) -> None:
     elements = int(args[0])
     finish = reporter.out_dir / "finish"
     iterations = 0
     async with contextlib.AsyncExitStack() as stack:
-        comms: list[trioring.Communicator] = []
-
-        async def open_() -> None:
-            comms.append(await stack.enter_async_context(trioring.open_communicator()))
-
-        if await timed(reporter, "open", open_) is not None:
+        comm = await opened(reporter, stack)
+        if comm is None:
             return
-        comm = comms[0]
-        reporter.mark("connected")
         n = comm.world_size
         array = np.empty(elements, np.float32)
 
@@ -102,15 +112,9 @@ async def scenario_messages(reporter: Reporter, args: list[str]) -> None:
     finish = reporter.out_dir / "finish"
     iterations = 0
     async with contextlib.AsyncExitStack() as stack:
-        comms: list[trioring.Communicator] = []
-
-        async def open_() -> None:
-            comms.append(await stack.enter_async_context(trioring.open_communicator()))
-
-        if await timed(reporter, "open", open_) is not None:
+        comm = await opened(reporter, stack)
+        if comm is None:
             return
-        comm = comms[0]
-        reporter.mark("connected")
         n, r = comm.world_size, comm.rank
 
         async def loop() -> None:
