@@ -6,7 +6,10 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import os
 import socket
+import subprocess
+import sys
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -23,9 +26,10 @@ from trioring._errors import (
     ProtocolError,
     TrioringError,
 )
-from trioring._p2p import TAG_BOUND, Endpoint, MessageKind, Scope
-from trioring._p2p._frames import HEADER
-from trioring._p2p._peer import _READS_PER_YIELD, FrameReader
+from trioring._p2p import TAG_BOUND, Endpoint, MessageKind, Scope, _reading
+from trioring._p2p._frames import HEADER, Frame
+from trioring._p2p._peer import _READS_PER_YIELD, FrameReader, Peer
+from trioring._p2p._reading import Reading
 from trioring.transports._abc import Connection
 from trioring.transports._memory import StreamConnection
 from trioring.transports._socket import SocketConnection
@@ -122,16 +126,30 @@ async def open_world(
     *,
     wrap: Callable[[int, int, Connection], Connection] | None = None,
     register: bool = True,
+    pull: bool = False,
+    peer_pids: list[dict[int, int] | None] | None = None,
     **sizes: int,
 ) -> AsyncIterator[World]:
-    """``size`` endpoints, fully connected, running, with the world registered as COMM."""
+    """``size`` endpoints, fully connected, running, with the world registered as COMM.
+    ``pull``: as where the ranks agreed on cross-memory attach (rendezvous by PULL), each
+    peer's pid being this process's; ``peer_pids`` gives each endpoint's pids instead."""
+    if pull:
+        peer_pids = [{p: os.getpid() for p in range(size) if p != r} for r in range(size)]
     connections: list[dict[int, Connection]] = [{} for _ in range(size)]
     for i in range(size):
         for j in range(i + 1, size):
             a, b = pair()
             connections[i][j] = wrap(i, j, a) if wrap else a
             connections[j][i] = wrap(j, i, b) if wrap else b
-    endpoints = [Endpoint(rank=r, connections=connections[r], **sizes) for r in range(size)]
+    endpoints = [
+        Endpoint(
+            rank=r,
+            connections=connections[r],
+            peer_pids=None if peer_pids is None else peer_pids[r],
+            **sizes,
+        )
+        for r in range(size)
+    ]
     scopes = [Scope(COMM, r, tuple(range(size))) for r in range(size)]
     if register:
         for endpoint, scope in zip(endpoints, scopes, strict=True):
@@ -157,10 +175,12 @@ def sample(shape: tuple[int, ...], dtype: str = "float64", seed: int = 0) -> np.
 @pytest.mark.parametrize("pair", list(PAIRS))
 @pytest.mark.parametrize("nbytes", [0, 8, 1000, 100_000])
 @pytest.mark.parametrize("recv_first", [False, True])
-async def test_send_recv(pair: str, nbytes: int, recv_first: bool) -> None:
-    """Eager (small) and rendezvous (large, several chunks), receive before or after."""
+@pytest.mark.parametrize("pull", [False, True], ids=["data", "pull"])
+async def test_send_recv(pair: str, nbytes: int, recv_first: bool, pull: bool) -> None:
+    """Eager (small) and rendezvous (large, several chunks or one PULL), receive before or
+    after."""
     data = sample((nbytes // 8,))
-    async with open_world(2, PAIRS[pair], eager_bytes=4096, chunk_bytes=16384) as w:
+    async with open_world(2, PAIRS[pair], eager_bytes=4096, chunk_bytes=16384, pull=pull) as w:
         got: list[tuple[int, np.ndarray]] = []
 
         async def receive() -> None:
@@ -644,8 +664,11 @@ async def test_recv_cancelled_mid_transfer_rejects(autojump_clock: trio.abc.Cloc
         assert sent.is_set()
 
 
-async def test_send_cancelled_waiting_for_cts_withdraws(autojump_clock: trio.abc.Clock) -> None:
-    async with open_world(2, eager_bytes=0) as w:
+@pytest.mark.parametrize("pull", [False, True], ids=["data", "pull"])
+async def test_send_cancelled_waiting_for_cts_withdraws(
+    autojump_clock: trio.abc.Clock, pull: bool
+) -> None:
+    async with open_world(2, eager_bytes=0, pull=pull) as w:
         with trio.move_on_after(1) as scope:
             await w.send(0, 1, 0, np.arange(10.0))
         assert scope.cancelled_caught
@@ -686,11 +709,17 @@ async def test_send_cancelled_between_chunks_withdraws(autojump_clock: trio.abc.
         np.testing.assert_array_equal(result[0], np.arange(4.0))
 
 
-async def test_send_after_last_chunk_waits_for_done(autojump_clock: trio.abc.Clock) -> None:
-    """Once all DATA is written, a cancelled send still returns when it is delivered."""
+@pytest.mark.parametrize("pull", [False, True], ids=["data", "pull"])
+async def test_send_after_last_chunk_waits_for_done(
+    autojump_clock: trio.abc.Clock, pull: bool
+) -> None:
+    """Once all DATA (or the PULL) is written, a cancelled send still returns when it is
+    delivered: with PULL the receiver may be reading the sender's array."""
     gates: dict[tuple[int, int], Gated] = {}
     data = sample((500,))
-    async with open_world(2, wrap=_gate_receiver(gates), eager_bytes=0, chunk_bytes=1000) as w:
+    async with open_world(
+        2, wrap=_gate_receiver(gates), eager_bytes=0, chunk_bytes=1000, pull=pull
+    ) as w:
         gates[0, 1].allow(HEADER.size)  # the sender reads the CTS, and no DONE for now
         outcome: list[str] = []
 
@@ -709,12 +738,18 @@ async def test_send_after_last_chunk_waits_for_done(autojump_clock: trio.abc.Clo
         assert outcome == ["sent"]
 
 
-async def test_recv_cancelled_after_matching_unsent_cts(autojump_clock: trio.abc.Clock) -> None:
-    """Cancel a receive, then another, while the message is rejected: still delivered whole."""
+@pytest.mark.parametrize("pull", [False, True], ids=["data", "pull"])
+async def test_recv_cancelled_after_matching_unsent_cts(
+    autojump_clock: trio.abc.Clock, pull: bool
+) -> None:
+    """Cancel a receive, then another, while the message is rejected: still delivered whole
+    (the receiver's reader stops in the first DATA frame, or before the PULL)."""
     gates: dict[tuple[int, int], Gated] = {}
     data = sample((2000,))
-    async with open_world(2, wrap=_gate_receiver(gates), eager_bytes=0, chunk_bytes=1000) as w:
-        gates[1, 0].allow(HEADER.size + 8 + HEADER.size + 100)
+    async with open_world(
+        2, wrap=_gate_receiver(gates), eager_bytes=0, chunk_bytes=1000, pull=pull
+    ) as w:
+        gates[1, 0].allow(HEADER.size + 8 + (HEADER.size // 2 if pull else HEADER.size + 100))
         gates[0, 1].allow(HEADER.size)  # the sender gets the CTS, not the REJECT (yet)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(w.send, 0, 1, 0, data)
@@ -726,6 +761,134 @@ async def test_recv_cancelled_after_matching_unsent_cts(autojump_clock: trio.abc
             gates[0, 1].allow(None)
             _, got = await w.recv(1, 0, 0)
             np.testing.assert_array_equal(got, data)
+
+
+# -- cross-memory attach (PULL) -----------------------------------------------------------
+
+
+def _count_pulls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Record the size of every PULL that a reader carries out (Reading._pull, wrapped)."""
+    pulls: list[int] = []
+    original = Reading._pull
+
+    async def counted(self: Reading, peer: Peer, frame: Frame) -> None:
+        pulls.append(frame.nbytes)
+        await original(self, peer, frame)
+
+    monkeypatch.setattr(Reading, "_pull", counted)
+    return pulls
+
+
+@pytest.mark.parametrize("pair", ["memory", "socket"])
+async def test_pull_arrays_are_free_once_sends_return(
+    pair: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rendezvous messages of odd sizes by PULL, in steps (small here), both ways at once:
+    each array is overwritten as soon as its send returns, and every receive still gets
+    what was sent; every message went by PULL."""
+    monkeypatch.setattr(_reading, "_PULL_STEP_BYTES", 4096)
+    pulls = _count_pulls(monkeypatch)
+    sizes = [int(n) for n in np.random.default_rng(5).integers(1, 3000, 30)]
+    async with open_world(2, PAIRS[pair], eager_bytes=0, pull=True) as w:
+
+        async def sender(src: int, dest: int) -> None:
+            buffer = np.empty(max(sizes))
+            for i, n in enumerate(sizes):
+                buffer[:n] = np.arange(n) + 1000.0 * i + src
+                await w.send(src, dest, 0, buffer[:n])
+                buffer[:] = -1.0
+
+        async def receiver(dst: int, src: int) -> None:
+            out = np.empty(max(sizes))
+            for i, n in enumerate(sizes):
+                _, got = await w.recv(dst, src, 0, out)
+                np.testing.assert_array_equal(got, np.arange(n) + 1000.0 * i + src)
+
+        async with trio.open_nursery() as nursery:
+            for a, b in ((0, 1), (1, 0)):
+                nursery.start_soon(sender, a, b)
+                nursery.start_soon(receiver, b, a)
+    assert sorted(pulls) == sorted(8 * n for n in sizes * 2)
+
+
+async def test_pull_receive_cancelled_between_steps_rejects(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A receive cancelled while its PULL copies (between two steps): the reader stops
+    copying, REJECT, and the next receive gets the message whole; the send returns once."""
+    monkeypatch.setattr(_reading, "_PULL_STEP_BYTES", 1000)
+    data = sample((1000,)) + 1.0  # 8000 bytes, 8 steps; no zero anywhere
+    async with open_world(2, eager_bytes=0, pull=True) as w:
+        sent = trio.Event()
+
+        async def send() -> None:
+            await w.send(0, 1, 0, data)
+            sent.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send)
+            out = np.zeros(1000)
+            with trio.CancelScope() as scope:
+
+                async def cancel_once_the_first_step_landed() -> None:
+                    while not out[0]:
+                        await trio.lowlevel.checkpoint()
+                    scope.cancel()
+
+                nursery.start_soon(cancel_once_the_first_step_landed)
+                await w.recv(1, 0, 0, out)
+            assert scope.cancelled_caught
+            assert out[0] == data[0]
+            assert not out[-1]  # it stopped copying
+            await trio.testing.wait_all_tasks_blocked()
+            assert not sent.is_set()  # rejected: the sender waits for a new CTS
+            fresh = np.zeros(1000)
+            _, got = await w.recv(1, 0, 0, fresh)
+            assert got is fresh
+            np.testing.assert_array_equal(fresh, data)
+        assert sent.is_set()
+
+
+def _pid_of_a_process_that_exited() -> int:
+    process = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                             capture_output=True, text=True, check=True)  # fmt: skip
+    return int(process.stdout)
+
+
+async def test_pull_from_a_process_that_is_gone_fails_its_peer() -> None:
+    """The sender's process is gone when the receiver copies (ESRCH): both ranks' calls
+    raise PeerFailedError naming the other, the receiver's saying why."""
+    pids: list[dict[int, int] | None] = [{1: os.getpid()}, {0: _pid_of_a_process_that_exited()}]
+    async with (
+        open_world(2, eager_bytes=0, peer_pids=pids) as w,
+        trio.open_nursery() as nursery,
+    ):
+
+        async def send() -> None:
+            with pytest.raises(PeerFailedError, match=r"rank 0: send\(dest=1, tag=0\) #1"):
+                await w.send(0, 1, 0, np.arange(10.0))
+
+        nursery.start_soon(send)
+        with pytest.raises(PeerFailedError, match="from its memory: No such process") as info:
+            await w.recv(1, 0, 0)
+        assert info.value.peer == 0
+        assert "rank 1: recv(source=0, tag=0)" in str(info.value)
+
+
+async def test_pull_where_cross_memory_attach_was_not_agreed_is_a_protocol_error() -> None:
+    """A PULL to a rank that has no pid for its sender breaks the protocol."""
+    async with (
+        open_world(2, eager_bytes=0, peer_pids=[{1: os.getpid()}, None]) as w,
+        trio.open_nursery() as nursery,
+    ):
+
+        async def send() -> None:
+            with pytest.raises(PeerFailedError):
+                await w.send(0, 1, 0, np.arange(10.0))
+
+        nursery.start_soon(send)
+        with pytest.raises(ProtocolError, match="did not agree on cross-memory attach"):
+            await w.recv(1, 0, 0)
 
 
 # -- failures -----------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Point-to-point messages and sub-communicators in real processes (tests/launched.py): issue
-16's code as a user writes it, over Unix sockets and TCP; a rank SIGKILLed during a large send
-and a pending receive; a killed rank breaks the world and every sub-communicator that contains
-it, on every survivor, and no other."""
+16's code as a user writes it, over Unix sockets and TCP; large messages by cross-memory
+attach (PULL) and without; a rank SIGKILLed during a large send and a pending receive; a
+killed rank breaks the world and every sub-communicator that contains it, on every
+survivor, and no other."""
 
 from __future__ import annotations
 
@@ -10,9 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import trioring
 from launched import run_killed, run_reports
 
 WORKER = Path(__file__).parent / "workers" / "groups_worker.py"
+CMA_HERE = trioring.is_available("cma")
 
 
 @pytest.mark.parametrize(("transport", "n"), [("unix", 4), ("unix", 3), ("tcp", 3)])
@@ -38,6 +41,22 @@ def test_issue_snippet(tmp_path: Path, transport: str, n: int) -> None:
         if transport == "unix" and len(members) > 1:
             # The one-host paths keep working in a sub-communicator whose ranks all qualify.
             assert set(report["half_features"]) == set(report["features"]), report
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+@pytest.mark.parametrize("cma", [True, False], ids=["cma", "cma-off"])
+def test_large_messages_by_cross_memory_attach(tmp_path: Path, n: int, cma: bool) -> None:
+    """Messages above the eager limit go by PULL where the ranks agreed on cross-memory
+    attach (else by DATA frames), each rank sending and receiving at once, arrays
+    overwritten as soon as their send returns: every message arrives whole."""
+    env = {} if cma else {"TRIORING_CMA": "0"}
+    reports = run_reports(WORKER, ["pull", str(tmp_path)], tmp_path, n, env=env)
+    for report in reports:
+        assert report["wrong"] == [], report
+        used = "cma" in report["features"]
+        assert used is (cma and CMA_HERE), report
+        assert report["pulls"] == (report["messages"] if used else 0), report
+        assert report["messages"] == 9, report
 
 
 def test_killed_during_large_send_and_pending_recv(tmp_path: Path) -> None:

@@ -81,6 +81,7 @@ async def create_communicator(
             connections=assembled.p2p,
             job_id=config.credentials.job_id or None,
             spin_seconds=spin,
+            peer_pids=peer_pids,
         ),
     )
     try:

@@ -13,6 +13,12 @@ processes).
   all are made; every survivor runs a barrier on the world, the dup and its half, and
   reports each outcome.
 
+- ``pull``: every rank sends messages above the eager limit (odd sizes, one above the
+  cross-memory read's step) to the next rank and receives from the previous one, at once,
+  overwriting each array as soon as its send returns; the report has the features, how many
+  PULL frames this rank's readers carried out and the sizes of the messages that came
+  wrong (none).
+
 Survivors of the kill modes ignore SIGTERM, so that the launcher's teardown after the
 victim's death does not race their report.
 """
@@ -149,6 +155,55 @@ async def kill_groups(comm: trioring.Communicator, victim: int, report: dict[str
                 report[name] = outcome(None, started)
 
 
+#: dtype and element count of each message of ``pull`` mode: 1 MiB + 4 bytes, 3 MiB + 10
+#: and 9 MiB + 8 (above the 4 MiB step of a PULL), each sent three times.
+PULL_MESSAGES = [("float32", 262_145), ("int16", 1_572_869), ("float64", 1_179_649)] * 3
+
+
+async def pull(comm: trioring.Communicator, report: dict[str, Any]) -> None:
+    pulls = count_pulls()
+    r, n = comm.rank, comm.world_size
+    wrong: list[int] = []
+
+    def expected(source: int, i: int, dtype: str, count: int) -> np.ndarray:
+        return ((np.arange(count) * (source + 3) + i) % 101).astype(dtype)
+
+    async def send() -> None:
+        for i, (dtype, count) in enumerate(PULL_MESSAGES):
+            array = expected(r, i, dtype, count)
+            await comm.send(array, dest=(r + 1) % n, tag=i)
+            array[:] = 0  # at once: the receiver must have had all of it
+
+    async def receive() -> None:
+        for i, (dtype, count) in enumerate(PULL_MESSAGES):
+            got = await comm.recv(source=(r - 1) % n, tag=i)
+            if not np.array_equal(got, expected((r - 1) % n, i, dtype, count)):
+                wrong.append(i)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(send)
+        nursery.start_soon(receive)
+    await comm.barrier()
+    report.update(
+        features=sorted(comm.features), pulls=pulls[0], wrong=wrong, messages=len(PULL_MESSAGES)
+    )
+
+
+def count_pulls() -> list[int]:
+    """Count the PULL frames this rank's readers carry out (Reading._pull, wrapped)."""
+    from trioring._p2p._reading import Reading
+
+    calls = [0]
+    original = Reading._pull
+
+    async def counted(self: Any, *args: Any) -> None:
+        calls[0] += 1
+        await original(self, *args)
+
+    Reading._pull = counted  # type: ignore[method-assign]
+    return calls
+
+
 async def main(mode: str, out_dir: Path, args: list[str]) -> int:
     report: dict[str, Any] = {}
     if mode.startswith("kill"):
@@ -160,6 +215,8 @@ async def main(mode: str, out_dir: Path, args: list[str]) -> int:
                 await snippet(comm, report)
             elif mode == "kill-p2p":
                 await kill_p2p(comm, int(args[0]), report)
+            elif mode == "pull":
+                await pull(comm, report)
             elif mode == "kill-groups":
                 await kill_groups(comm, int(args[0]), report)
             else:

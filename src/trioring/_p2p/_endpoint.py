@@ -10,7 +10,12 @@ credit for the peer; the receiver queues it if no receive waits for it. Credit i
 rendezvous: RTS (header and shape) -> once a receive matches it, the receiving task registers
 the target buffer and writes CTS -> the sending task writes DATA frames of ``chunk_bytes``
 straight from the user's array -> the receiver's reader reads each payload straight into the
-target -> the receiving task writes DONE; the send returns on DONE. So what one peer can make
+target -> the receiving task writes DONE; the send returns on DONE. Where the world agreed on
+cross-memory attach (``peer_pids``), the sending task writes one PULL frame instead of the
+DATA frames, with the address of its array, and the receiver's reader copies the message out
+of the sender's memory (``process_vm_readv``) into the target: one copy instead of two, and
+no frame per chunk. The sender's array is as much in use as while DATA goes, and the same
+rules cover both (below: after PULL, as after the last DATA frame). So what one peer can make
 us buffer is bounded by ``window_bytes`` plus a header per pending RTS (at most
 ``MAX_PENDING_RTS``; beyond that the peer is broken: ProtocolError).
 
@@ -28,15 +33,17 @@ that matches it. Sends of one task are ordered; concurrent sends have no order b
 Cancellation ("a cancelled call had no effect", as far as it can be kept):
 
 * A receive cancelled before it matched is withdrawn; nothing is consumed.
-* A receive cancelled while its rendezvous DATA arrives writes REJECT; the message goes back
-  to its place in the queue, whole, for the next matching receive (the sender writes
-  RESTART and waits for a new CTS). ``out`` may have been partly overwritten.
+* A receive cancelled while its rendezvous DATA arrives (or while its PULL copies, between
+  two steps) writes REJECT; the message goes back to its place in the queue, whole, for the
+  next matching receive (the sender writes RESTART and waits for a new CTS). ``out`` may
+  have been partly overwritten.
 * A send cancelled before all its DATA went writes WITHDRAW: the receiver forgets the
   message, and a receive that had matched it waits again, first in line. ``out`` of that
   receive may have been partly overwritten.
-* Once a send's last DATA frame is written, it ignores cancellation until DONE (it returns)
-  or REJECT (it writes RESTART and waits for a CTS again, cancellably); so a cancelled send
-  raises Cancelled having delivered nothing, or returns.
+* Once a send's last DATA frame (or its PULL) is written, it ignores cancellation until
+  DONE (it returns) or REJECT (it writes RESTART and waits for a CTS again, cancellably); so
+  a cancelled send raises Cancelled having delivered nothing, or returns, and a receiver
+  never copies from an array whose send has returned.
 * An eager send is delivered once its frame is written.
 
 Every public async method is a checkpoint on every path.
@@ -70,7 +77,7 @@ from ._matching import CommState, PostedRecv, Scope
 from ._sending import Sending
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Mapping
 
     import numpy as np
 
@@ -91,7 +98,10 @@ class Endpoint(Sending):
     ``connections`` maps each other world rank to its connection; the endpoint owns them and
     closes them in :meth:`aclose`. Start it with ``await nursery.start(endpoint.run)``.
     ``eager_bytes``, ``window_bytes`` and ``chunk_bytes`` are the protocol's sizes (see the
-    constants); tests make them small to exercise every path.
+    constants); tests make them small to exercise every path. ``peer_pids`` (world rank ->
+    pid, from the kernel) is given where every pair of ranks agreed on cross-memory attach:
+    rendezvous messages then go by PULL (the receiver copies them out of the sender's
+    memory), and a PULL from a peer without a pid is a protocol error.
 
     Ranks in calls and results are communicator ranks (``scope.members`` maps them to world
     ranks).
@@ -107,6 +117,7 @@ class Endpoint(Sending):
         window_bytes: int = WINDOW_BYTES,
         chunk_bytes: int = CHUNK_BYTES,
         spin_seconds: float = 0.0,
+        peer_pids: Mapping[int, int] | None = None,
     ) -> None:
         super().__init__(
             rank=rank,
@@ -119,6 +130,8 @@ class Endpoint(Sending):
         #: How long a receive polls (letting the readers run) before it parks: see
         #: _park_recv. The communicators' TRIORING_SPIN_US.
         self._spin_seconds = spin_seconds
+        for world, pid in (peer_pids or {}).items():
+            self._peers[world].pid = pid
 
     # -- life cycle ------------------------------------------------------------------------
 

@@ -11,6 +11,9 @@ EAGER      a whole small message: ``ndim`` u64 dimensions, then ``nbytes`` of pa
 RTS        "ready to send" a message of ``nbytes``: ``ndim`` u64 dimensions follow, no payload.
 CTS        receiver -> sender: a receive matched message ``msg id``; send its DATA.
 DATA       ``count`` payload bytes of message ``msg id`` at byte ``offset`` (of ``nbytes``).
+PULL       sender -> receiver, instead of DATA where the ranks agreed on cross-memory attach
+           (one host): read all ``nbytes`` of message ``msg id`` from address ``offset`` of
+           the sender's memory. The sender keeps those bytes unchanged until DONE or REJECT.
 DONE       receiver -> sender: all of message ``msg id`` landed; the send is complete.
 CREDIT     receiver -> sender: ``count`` more bytes of eager credit.
 WITHDRAW   sender -> receiver: message ``msg id`` is cancelled; forget it.
@@ -70,6 +73,7 @@ class FrameType(enum.IntEnum):
     REJECT = 8
     RESTART = 9
     LEFT = 10
+    PULL = 11
 
 
 class MessageKind(enum.IntEnum):
@@ -161,6 +165,10 @@ def decode_header(data: bytes | bytearray | memoryview) -> Frame:
         if nbytes >= MAX_MESSAGE_BYTES or offset + count > nbytes:
             raise _bad(f"DATA of {count} bytes at {offset} of a {nbytes}-byte message")
         return Frame(ftype, msg_id=msg_id, nbytes=nbytes, offset=offset, count=count)
+    if ftype is FrameType.PULL:
+        if not 0 < nbytes < MAX_MESSAGE_BYTES or not offset or count:
+            raise _bad(f"PULL of {nbytes} bytes at address {offset:#x} (count {count})")
+        return Frame(ftype, msg_id=msg_id, nbytes=nbytes, offset=offset)
     assert ftype in _ID_ONLY
     if nbytes or offset or count:
         raise _bad(f"{ftype.name} frame with size fields set")
@@ -202,6 +210,11 @@ def pack_message(
 def pack_data(msg_id: int, nbytes: int, offset: int, count: int) -> bytes:
     """The header of a DATA frame of ``count`` bytes at ``offset`` of an ``nbytes`` message."""
     return HEADER.pack(MAGIC, VERSION, FrameType.DATA, 0, 0, 0, 0, 0, msg_id, nbytes, offset, count)
+
+
+def pack_pull(msg_id: int, nbytes: int, address: int) -> bytes:
+    """A PULL frame: read the ``nbytes`` of message ``msg_id`` at ``address`` here."""
+    return HEADER.pack(MAGIC, VERSION, FrameType.PULL, 0, 0, 0, 0, 0, msg_id, nbytes, address, 0)
 
 
 def pack_control(ftype: FrameType, msg_id: int) -> bytes:

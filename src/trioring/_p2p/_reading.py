@@ -5,10 +5,13 @@ answer them go out from the tasks they wake (see :class:`~trioring._p2p._engine.
 
 from __future__ import annotations
 
+import errno
+
 import numpy as np
 import trio
 
 from .._errors import PeerFailedError, ProtocolError
+from .._onehost import _cma
 from ._engine import MAX_PENDING_RTS, MESSAGE_OVERHEAD, Engine
 from ._frames import (
     DIM,
@@ -26,6 +29,11 @@ from ._matching import Message, wake
 from ._peer import _LOST, FrameReader, Peer, lost
 
 __all__ = ["Reading"]
+
+#: The most a PULL copies between two schedule points: as the collectives' cross-memory
+#: reads (_cma_collectives._READ_STEP_BYTES), about 350 us here, while a pass through the
+#: scheduler costs tens of microseconds.
+_PULL_STEP_BYTES = 4 * 1024 * 1024
 
 
 class Reading(Engine):
@@ -91,6 +99,8 @@ class Reading(Engine):
             self._arrive(message)
         elif ftype is FrameType.DATA:
             await self._data(peer, reader, frame)
+        elif ftype is FrameType.PULL:
+            await self._pull(peer, frame)
         elif ftype is FrameType.CREDIT:
             peer.credit += frame.count
             if peer.credit > self._window:
@@ -194,16 +204,70 @@ class Reading(Engine):
             send.rejected = True
         wake(send)
 
-    async def _data(self, peer: Peer, reader: FrameReader, frame: Frame) -> None:
+    def _transfer(self, peer: Peer, frame: Frame) -> tuple[Message, memoryview | None]:
+        """The message that a DATA or PULL frame carries bytes of, and its target (None:
+        the receive was cancelled after its CTS, and the frame came before our REJECT)."""
         message = peer.inbound.get(frame.msg_id)
+        name = frame.type.name
         if message is None:
-            raise ProtocolError(f"DATA for message id {frame.msg_id}, which it never announced")
+            raise ProtocolError(f"{name} for message id {frame.msg_id}, which it never announced")
         if message.rejected or message.dropped:
-            await reader.skip(frame.count)  # sent before it saw our REJECT: discarded
-            return
+            return message, None
         target = message.target
         if not message.cts_sent or target is None:
-            raise ProtocolError(f"DATA for message id {frame.msg_id} before its CTS")
+            raise ProtocolError(f"{name} for message id {frame.msg_id} before its CTS")
+        return message, target
+
+    def _landed(self, peer: Peer, message: Message) -> None:
+        """All of a rendezvous message is in its target: its receive is done."""
+        peer.inbound.pop(message.msg_id)
+        recv = message.recv
+        assert recv is not None
+        message.recv = None
+        recv.done = True
+        wake(recv)
+
+    async def _pull(self, peer: Peer, frame: Frame) -> None:
+        """PULL: copy the message out of the sender's memory into its target, in reads of
+        ``_PULL_STEP_BYTES`` with a schedule point between them; the receiving task then
+        writes DONE. The sender waits for DONE or REJECT, so its bytes stay put."""
+        message, target = self._transfer(peer, frame)
+        if target is None:
+            return  # written before it saw our REJECT: it writes RESTART next
+        if peer.pid is None:
+            raise ProtocolError("PULL, but the ranks did not agree on cross-memory attach")
+        if frame.nbytes != message.nbytes or message.received:
+            raise ProtocolError(
+                f"PULL of {frame.nbytes} bytes for message id {frame.msg_id} of "
+                f"{message.nbytes}, {message.received} received"
+            )
+        local = _cma.data_address(np.frombuffer(target, np.uint8))
+        done = 0
+        while done < frame.nbytes:
+            step = min(_PULL_STEP_BYTES, frame.nbytes - done)
+            try:
+                _cma.read_into(peer.pid, frame.offset + done, local + done, step)
+            except _cma.CmaError as exc:
+                if exc.errno == errno.ESRCH:  # it exited: its connection ends too
+                    raise trio.BrokenResourceError(
+                        f"reading message id {frame.msg_id} from its memory: {exc.strerror}"
+                    ) from exc
+                raise ProtocolError(
+                    f"its PULL of message id {frame.msg_id} could not be read ({exc.strerror})"
+                ) from exc
+            done += step
+            if done < frame.nbytes:
+                await trio.lowlevel.checkpoint()
+                if message.target is not target:
+                    return  # the receive was cancelled meanwhile: REJECTed
+        message.received = done
+        self._landed(peer, message)
+
+    async def _data(self, peer: Peer, reader: FrameReader, frame: Frame) -> None:
+        message, target = self._transfer(peer, frame)
+        if target is None:
+            await reader.skip(frame.count)  # sent before it saw our REJECT: discarded
+            return
         if frame.nbytes != message.nbytes or frame.offset != message.received:
             raise ProtocolError(
                 f"DATA at {frame.offset} of {frame.nbytes} bytes for message id {frame.msg_id}, "
@@ -215,9 +279,4 @@ class Reading(Engine):
             return  # the receive ended meanwhile (cancelled): these bytes do not count
         message.received += frame.count
         if message.received == message.nbytes:
-            peer.inbound.pop(frame.msg_id)
-            recv = message.recv
-            assert recv is not None
-            message.recv = None
-            recv.done = True
-            wake(recv)
+            self._landed(peer, message)

@@ -10,9 +10,10 @@ import numpy as np
 import trio
 
 from .._errors import InvalidArgumentError, TrioringError
+from .._onehost._cma import data_address
 from .._wire import DTYPE_CODES
 from ._engine import MESSAGE_OVERHEAD, LinkDown, checked_array
-from ._frames import FrameType, MessageKind, pack_control, pack_data, pack_message
+from ._frames import FrameType, MessageKind, pack_control, pack_data, pack_message, pack_pull
 from ._matching import CommState, Message, Scope, SendWait
 from ._reading import Reading
 
@@ -78,14 +79,7 @@ class Sending(Reading):
                 scope.comm_id, peer.take_id(), data.nbytes, data.size,
             )  # fmt: skip
             lock = peer.lock
-            try:
-                # Taken at once when free, as it usually is: Trio's acquire passes through
-                # the scheduler even then (22 us of a 135 us send at world 2 on 2 vCPUs).
-                lock.acquire_nowait()
-                passed = False
-            except trio.WouldBlock:
-                await lock.acquire()  # cancellable: nothing is sent yet
-                passed = True
+            passed = await peer.acquire()  # cancellable: nothing is sent yet
             sent = False
             try:
                 if peer.credit >= cost:  # still, after waiting for the lock
@@ -118,11 +112,16 @@ class Sending(Reading):
         send = SendWait(scope=scope, peer=peer.world, msg_id=peer.take_id(), what=what)
         nbytes = data.nbytes
         flat = _bytes_of(data)
+        # On one host with cross-memory attach agreed, the receiver copies the message out
+        # of our memory itself (PULL), once, instead of DATA frames through the socket
+        # (two copies and a frame per chunk). Empty messages have no address to give.
+        pull = peer.pid is not None and nbytes > 0
         header = pack_message(
             FrameType.RTS, kind, DTYPE_CODES[data.dtype], data.shape, tag, scope.comm_id,
             send.msg_id, nbytes, data.size,
         )  # fmt: skip
-        async with peer.lock:  # cancellable: nothing is sent yet
+        await peer.acquire()  # cancellable: nothing is sent yet
+        try:
             send.seq = comm.seq_out(peer.world)
             # Registered before the RTS goes out: the receiver's CTS can come back (and our
             # reader handle it) while the write below is still in its checkpoint.
@@ -134,6 +133,8 @@ class Sending(Reading):
                 peer.outbound.pop(send.msg_id, None)
                 comm.sends.discard(send)
                 raise self._for_call(exc.base, scope, what, send.seq, peer.world) from None
+        finally:
+            peer.lock.release()
         try:
             while True:
                 send.abortable = True
@@ -141,20 +142,29 @@ class Sending(Reading):
                     await self._park_send(send)
                 offset = 0
                 while True:
-                    count = min(self._chunk, nbytes - offset)
-                    async with peer.lock:  # cancellable, between chunks: WITHDRAW
+                    count = nbytes if pull else min(self._chunk, nbytes - offset)
+                    await peer.acquire()  # cancellable, between chunks: WITHDRAW
+                    try:
                         if send.error is not None:
                             raise send.error
                         rejected = send.rejected
-                        if not rejected:
+                        if rejected:
+                            pass
+                        elif pull:
+                            frame = pack_pull(send.msg_id, nbytes, data_address(data))
+                            await self._write_locked(peer, frame)
+                        else:
                             frame = pack_data(send.msg_id, nbytes, offset, count)
                             await self._write_locked(peer, frame, flat[offset : offset + count])
+                    finally:
+                        peer.lock.release()
                     if rejected:
                         break
                     offset += count
                     if offset >= nbytes:
-                        # All of it is written: from here the send completes (DONE) or
-                        # delivers nothing (REJECT), so a cancellation waits for which.
+                        # All of it is written (or PULL is out: the receiver may be reading
+                        # our memory now): from here the send completes (DONE) or delivers
+                        # nothing (REJECT), so a cancellation waits for which.
                         send.abortable = False
                         while not (send.done or send.rejected):
                             await self._park_send(send)
