@@ -849,6 +849,39 @@ async def test_pull_receive_cancelled_between_steps_rejects(
         assert sent.is_set()
 
 
+async def test_pull_from_a_sender_that_gave_up_during_the_copy_delivers_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The sender closes its communicator while the receiver copies its array, and reuses
+    the array as soon as its send raises: the guard tells the receiver that its copy may be
+    torn, so the receive raises (the sender left) instead of returning it."""
+    monkeypatch.setattr(_reading, "_PULL_STEP_BYTES", 1000)
+    data = sample((1000,)) + 1.0  # 8000 bytes, 8 steps; no zero anywhere
+    out = np.zeros(1000)
+
+    def closed(what: str) -> TrioringError:
+        return CommunicatorClosedError(f"closed during {what}")
+
+    async with open_world(2, eager_bytes=0, pull=True) as w, trio.open_nursery() as nursery:
+
+        async def send() -> None:
+            with pytest.raises(CommunicatorClosedError, match=r"during send\(dest=1, tag=0\)"):
+                await w.send(0, 1, 0, data)
+            data[:] = -1.0  # reused at once
+
+        async def close_the_senders_communicator_once_the_copy_began() -> None:
+            while not out[0]:
+                await trio.lowlevel.checkpoint()
+            await w.endpoints[0].leave(COMM, closed)
+
+        nursery.start_soon(send)
+        nursery.start_soon(close_the_senders_communicator_once_the_copy_began)
+        with pytest.raises(PeerFailedError, match="rank 0 closed this communicator"):
+            await w.recv(1, 0, 0, out)
+    assert (data == -1.0).all()
+    assert (out == -1.0).any()  # the copy was torn indeed: without the guard it was returned
+
+
 def _pid_of_a_process_that_exited() -> int:
     process = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                              capture_output=True, text=True, check=True)  # fmt: skip

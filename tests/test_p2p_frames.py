@@ -45,12 +45,13 @@ def test_zero_d_and_control_round_trips() -> None:
     assert decode_header(pack_credit(1234)).count == 1234
     for ftype in (FrameType.CTS, FrameType.DONE, FrameType.WITHDRAW):
         assert decode_header(pack_control(ftype, 3)).type is ftype
-    pull = decode_header(pack_pull(4, 1000, 0x7F00_0000_1000))
-    assert (pull.type, pull.msg_id, pull.nbytes, pull.offset) == (
+    pull = decode_header(pack_pull(4, 1000, 0x7F00_0000_1000, 0x7F00_0000_2000))
+    assert (pull.type, pull.msg_id, pull.nbytes, pull.offset, pull.count) == (
         FrameType.PULL,
         4,
         1000,
         0x7F00_0000_1000,
+        0x7F00_0000_2000,
     )
 
 
@@ -62,11 +63,11 @@ def test_zero_d_and_control_round_trips() -> None:
         (pack_credit(0), "CREDIT"),
         (pack_data(1, 10, 5, 6), "DATA of 6 bytes at 5"),
         (pack_control(FrameType.CTS, 0), "without a message id"),
-        (pack_pull(0, 10, 4096), "without a message id"),
-        (pack_pull(1, 10, 0), "PULL of 10 bytes at address 0x0"),
-        (pack_pull(1, 0, 4096), "PULL of 0 bytes"),
-        (pack_pull(1, 2**56, 4096), "PULL of"),
-        (pack_pull(1, 10, 4096)[:-8] + b"\x01" + bytes(7), "count 1"),
+        (pack_pull(0, 10, 4096, 8192), "without a message id"),
+        (pack_pull(1, 10, 0, 8192), "PULL of 10 bytes at address 0x0"),
+        (pack_pull(1, 10, 4096, 0), "guard at 0x0"),
+        (pack_pull(1, 0, 4096, 8192), "PULL of 0 bytes"),
+        (pack_pull(1, 2**56, 4096, 8192), "PULL of"),
         (b"short", "header is 56 bytes"),
     ],
 )

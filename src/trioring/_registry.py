@@ -156,9 +156,9 @@ def _features() -> list[Capability]:
             (
                 "cma",
                 _cma.unavailable_reason(),
-                "large collectives and messages above the eager limit between ranks on one "
-                "host (unix) copy straight from peers' memory (process_vm_readv); off with "
-                "TRIORING_CMA=0",
+                "large collectives, and messages above the eager limit on x86-64, between "
+                "ranks on one host (unix) copy straight from peers' memory (process_vm_readv); "
+                "off with TRIORING_CMA=0",
             ),
             (
                 "shm",

@@ -38,10 +38,10 @@ class PointToPointMethods(CommunicatorCore):
     small ones beyond the window, wait for the matching receive (rendezvous) and then go
     straight from the sender's array into the receiver's, never buffered in between. So the
     memory a receiver spends on messages it has not asked for is bounded, whatever senders do.
-    On one host, where the world's ranks agreed on cross-memory attach (``"cma"`` in
-    :attr:`features` of the world communicator), the receiver copies a large message out of
-    the sender's memory itself, once, instead of through the socket; the sender's array
-    must then stay unchanged until ``send`` returns, as always.
+    On one host (x86-64), where the world's ranks agreed on cross-memory attach (``"cma"``
+    in :attr:`features` of the world communicator), the receiver copies a large message out
+    of the sender's memory itself, once, instead of through the socket; the sender's array
+    must stay unchanged until ``send`` returns, as always.
 
     *Cancellation* leaves no half-delivered message: a cancelled receive consumed nothing (a
     message it had begun to receive goes back to the head of its queue, whole, for the next

@@ -14,6 +14,7 @@ import ctypes
 import ctypes.util
 import errno
 import os
+import platform
 import struct
 import sys
 from typing import TYPE_CHECKING, final
@@ -23,6 +24,12 @@ if TYPE_CHECKING:
     import trio
 
 __all__ = ["CmaError", "data_address", "peer_pid", "read_into", "unavailable_reason"]
+
+
+#: Whether this CPU makes a process's stores visible to others in program order (x86-64's
+#: TSO): a point-to-point PULL's guard word relies on it (see trioring._p2p._sending);
+#: elsewhere messages go through the socket. (Python cannot issue fences.)
+STORES_IN_ORDER = platform.machine().lower() in ("x86_64", "amd64")
 
 
 @final

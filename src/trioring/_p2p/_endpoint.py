@@ -15,9 +15,12 @@ cross-memory attach (``peer_pids``), the sending task writes one PULL frame inst
 DATA frames, with the address of its array, and the receiver's reader copies the message out
 of the sender's memory (``process_vm_readv``) into the target: one copy instead of two, and
 no frame per chunk. The sender's array is as much in use as while DATA goes, and the same
-rules cover both (below: after PULL, as after the last DATA frame). So what one peer can make
-us buffer is bounded by ``window_bytes`` plus a header per pending RTS (at most
-``MAX_PENDING_RTS``; beyond that the peer is broken: ProtocolError).
+rules cover both (below: after PULL, as after the last DATA frame); a send that gives up
+before DONE all the same (its communicator or endpoint closed under it) zeroes the PULL's
+guard word before it returns, and the receiver reads the guard after its copy and forgets a
+copy that may be torn (x86-64 only, whose stores other processes see in program order). So
+what one peer can make us buffer is bounded by ``window_bytes`` plus a header per pending RTS
+(at most ``MAX_PENDING_RTS``; beyond that the peer is broken: ProtocolError).
 
 Readers (one task per connection) never write: a reader that waited for a write could
 deadlock two ranks that both write. Frames are written by the calling tasks, one frame at a
@@ -65,6 +68,7 @@ import trio
 
 from .._concurrency import run_with_grace
 from .._errors import InvalidArgumentError, TrioringError
+from .._onehost import _cma
 from ._engine import (
     CHUNK_BYTES,
     EAGER_BYTES,
@@ -130,8 +134,9 @@ class Endpoint(Sending):
         #: How long a receive polls (letting the readers run) before it parks: see
         #: _park_recv. The communicators' TRIORING_SPIN_US.
         self._spin_seconds = spin_seconds
-        for world, pid in (peer_pids or {}).items():
-            self._peers[world].pid = pid
+        if _cma.STORES_IN_ORDER:  # else the guard of a PULL cannot be trusted
+            for world, pid in (peer_pids or {}).items():
+                self._peers[world].pid = pid
 
     # -- life cycle ------------------------------------------------------------------------
 

@@ -13,7 +13,9 @@ CTS        receiver -> sender: a receive matched message ``msg id``; send its DA
 DATA       ``count`` payload bytes of message ``msg id`` at byte ``offset`` (of ``nbytes``).
 PULL       sender -> receiver, instead of DATA where the ranks agreed on cross-memory attach
            (one host): read all ``nbytes`` of message ``msg id`` from address ``offset`` of
-           the sender's memory. The sender keeps those bytes unchanged until DONE or REJECT.
+           the sender's memory, then the u64 at address ``count``, the guard: it holds the
+           msg id while the sender keeps those bytes unchanged (until DONE or REJECT) and 0
+           once the sender gave up, so the copy may be torn.
 DONE       receiver -> sender: all of message ``msg id`` landed; the send is complete.
 CREDIT     receiver -> sender: ``count`` more bytes of eager credit.
 WITHDRAW   sender -> receiver: message ``msg id`` is cancelled; forget it.
@@ -166,9 +168,9 @@ def decode_header(data: bytes | bytearray | memoryview) -> Frame:
             raise _bad(f"DATA of {count} bytes at {offset} of a {nbytes}-byte message")
         return Frame(ftype, msg_id=msg_id, nbytes=nbytes, offset=offset, count=count)
     if ftype is FrameType.PULL:
-        if not 0 < nbytes < MAX_MESSAGE_BYTES or not offset or count:
-            raise _bad(f"PULL of {nbytes} bytes at address {offset:#x} (count {count})")
-        return Frame(ftype, msg_id=msg_id, nbytes=nbytes, offset=offset)
+        if not 0 < nbytes < MAX_MESSAGE_BYTES or not offset or not count:
+            raise _bad(f"PULL of {nbytes} bytes at address {offset:#x} (guard at {count:#x})")
+        return Frame(ftype, msg_id=msg_id, nbytes=nbytes, offset=offset, count=count)
     assert ftype in _ID_ONLY
     if nbytes or offset or count:
         raise _bad(f"{ftype.name} frame with size fields set")
@@ -212,9 +214,12 @@ def pack_data(msg_id: int, nbytes: int, offset: int, count: int) -> bytes:
     return HEADER.pack(MAGIC, VERSION, FrameType.DATA, 0, 0, 0, 0, 0, msg_id, nbytes, offset, count)
 
 
-def pack_pull(msg_id: int, nbytes: int, address: int) -> bytes:
-    """A PULL frame: read the ``nbytes`` of message ``msg_id`` at ``address`` here."""
-    return HEADER.pack(MAGIC, VERSION, FrameType.PULL, 0, 0, 0, 0, 0, msg_id, nbytes, address, 0)
+def pack_pull(msg_id: int, nbytes: int, address: int, guard: int) -> bytes:
+    """A PULL frame: read the ``nbytes`` of message ``msg_id`` at ``address`` here, then
+    check the guard word at ``guard``."""
+    return HEADER.pack(
+        MAGIC, VERSION, FrameType.PULL, 0, 0, 0, 0, 0, msg_id, nbytes, address, guard
+    )
 
 
 def pack_control(ftype: FrameType, msg_id: int) -> bytes:

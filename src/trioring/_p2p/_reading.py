@@ -229,8 +229,9 @@ class Reading(Engine):
 
     async def _pull(self, peer: Peer, frame: Frame) -> None:
         """PULL: copy the message out of the sender's memory into its target, in reads of
-        ``_PULL_STEP_BYTES`` with a schedule point between them; the receiving task then
-        writes DONE. The sender waits for DONE or REJECT, so its bytes stay put."""
+        ``_PULL_STEP_BYTES`` with a schedule point between them, then check the guard; the
+        receiving task then writes DONE. The sender waits for DONE or REJECT, so its bytes
+        stay put, unless it gives up (then the guard says so)."""
         message, target = self._transfer(peer, frame)
         if target is None:
             return  # written before it saw our REJECT: it writes RESTART next
@@ -245,23 +246,37 @@ class Reading(Engine):
         done = 0
         while done < frame.nbytes:
             step = min(_PULL_STEP_BYTES, frame.nbytes - done)
-            try:
-                _cma.read_into(peer.pid, frame.offset + done, local + done, step)
-            except _cma.CmaError as exc:
-                if exc.errno == errno.ESRCH:  # it exited: its connection ends too
-                    raise trio.BrokenResourceError(
-                        f"reading message id {frame.msg_id} from its memory: {exc.strerror}"
-                    ) from exc
-                raise ProtocolError(
-                    f"its PULL of message id {frame.msg_id} could not be read ({exc.strerror})"
-                ) from exc
+            self._read_from(peer, frame, frame.offset + done, local + done, step)
             done += step
             if done < frame.nbytes:
                 await trio.lowlevel.checkpoint()
                 if message.target is not target:
                     return  # the receive was cancelled meanwhile: REJECTed
+        guard = np.zeros(1, np.uint64)
+        self._read_from(peer, frame, frame.count, _cma.data_address(guard), guard.nbytes)
+        if int(guard[0]) != frame.msg_id:
+            # The sender gave up during the copy (its communicator or endpoint closed), so
+            # the copy may be torn: forget the message, as if withdrawn. Its LEFT, or the
+            # end of its connection, follows and ends the receive.
+            self._withdrawn(peer, frame.msg_id)
+            return
         message.received = done
         self._landed(peer, message)
+
+    @staticmethod
+    def _read_from(peer: Peer, frame: Frame, remote: int, local: int, nbytes: int) -> None:
+        """Copy ``nbytes`` at ``remote`` in the peer's memory to ``local``, for ``frame``."""
+        assert peer.pid is not None
+        try:
+            _cma.read_into(peer.pid, remote, local, nbytes)
+        except _cma.CmaError as exc:
+            if exc.errno == errno.ESRCH:  # it exited: its connection ends too
+                raise trio.BrokenResourceError(
+                    f"reading message id {frame.msg_id} from its memory: {exc.strerror}"
+                ) from exc
+            raise ProtocolError(
+                f"its PULL of message id {frame.msg_id} could not be read ({exc.strerror})"
+            ) from exc
 
     async def _data(self, peer: Peer, reader: FrameReader, frame: Frame) -> None:
         message, target = self._transfer(peer, frame)

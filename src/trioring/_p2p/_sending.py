@@ -115,7 +115,12 @@ class Sending(Reading):
         # On one host with cross-memory attach agreed, the receiver copies the message out
         # of our memory itself (PULL), once, instead of DATA frames through the socket
         # (two copies and a frame per chunk). Empty messages have no address to give.
-        pull = peer.pid is not None and nbytes > 0
+        # The guard holds the msg id while our array is the message's: a send that gives
+        # up before DONE (its communicator or endpoint closed, a failure) zeroes it before
+        # it returns, and the receiver reads it after its copy, so a copy that may overlap
+        # the caller's next writes to the array is never delivered (stores reach other
+        # processes in program order: _cma.STORES_IN_ORDER).
+        guard = np.array([send.msg_id], np.uint64) if peer.pid is not None and nbytes else None
         header = pack_message(
             FrameType.RTS, kind, DTYPE_CODES[data.dtype], data.shape, tag, scope.comm_id,
             send.msg_id, nbytes, data.size,
@@ -142,7 +147,7 @@ class Sending(Reading):
                     await self._park_send(send)
                 offset = 0
                 while True:
-                    count = nbytes if pull else min(self._chunk, nbytes - offset)
+                    count = nbytes if guard is not None else min(self._chunk, nbytes - offset)
                     await peer.acquire()  # cancellable, between chunks: WITHDRAW
                     try:
                         if send.error is not None:
@@ -150,8 +155,10 @@ class Sending(Reading):
                         rejected = send.rejected
                         if rejected:
                             pass
-                        elif pull:
-                            frame = pack_pull(send.msg_id, nbytes, data_address(data))
+                        elif guard is not None:
+                            frame = pack_pull(
+                                send.msg_id, nbytes, data_address(data), data_address(guard)
+                            )
                             await self._write_locked(peer, frame)
                         else:
                             frame = pack_data(send.msg_id, nbytes, offset, count)
@@ -182,6 +189,8 @@ class Sending(Reading):
                 await self._flush(peer)
             raise
         finally:
+            if guard is not None and not send.done:
+                guard[0] = 0
             peer.outbound.pop(send.msg_id, None)
             comm.sends.discard(send)
 
