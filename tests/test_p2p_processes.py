@@ -59,6 +59,20 @@ def test_large_messages_by_cross_memory_attach(tmp_path: Path, n: int, cma: bool
         assert report["messages"] == 9, report
 
 
+@pytest.mark.parametrize(("n", "seed"), [(2, 1), (3, 2)])
+@pytest.mark.parametrize("cma", [True, False], ids=["cma", "cma-off"])
+def test_large_messages_under_random_cancellation(
+    tmp_path: Path, n: int, seed: int, cma: bool
+) -> None:
+    """Every large send and receive under a random deadline, tried again while cancelled:
+    each message arrives once, whole and in order, by PULL as by DATA frames."""
+    env = {} if cma else {"TRIORING_CMA": "0"}
+    reports = run_reports(WORKER, ["pull-cancel", str(tmp_path), str(seed)], tmp_path, n, env=env)
+    for report in reports:
+        assert report["wrong"] == [], report
+        assert ("cma" in report["features"]) is (cma and CMA_HERE), report
+
+
 def test_killed_during_large_send_and_pending_recv(tmp_path: Path) -> None:
     victim = 2
     survivors = run_killed(WORKER, ["kill-p2p", str(tmp_path), str(victim)], tmp_path, victim, n=3)

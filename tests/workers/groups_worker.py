@@ -19,6 +19,12 @@ processes).
   PULL frames this rank's readers carried out and the sizes of the messages that came
   wrong (none).
 
+- ``pull-cancel SEED``: as ``pull`` (one tag, so that order tells a lost or doubled message),
+  but every send and receive runs under a random deadline of up to 3 ms (none every fourth
+  try) and is tried again while it is cancelled: a cancelled send must have delivered
+  nothing, a returned one everything, a cancelled receive must have consumed nothing. The
+  report has the messages that came wrong (none) and how many calls were cancelled.
+
 Survivors of the kill modes ignore SIGTERM, so that the launcher's teardown after the
 victim's death does not race their report.
 """
@@ -26,6 +32,7 @@ victim's death does not race their report.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import sys
@@ -189,6 +196,44 @@ async def pull(comm: trioring.Communicator, report: dict[str, Any]) -> None:
     )
 
 
+async def pull_cancel(comm: trioring.Communicator, seed: int, report: dict[str, Any]) -> None:
+    r, n = comm.rank, comm.world_size
+    rng = np.random.default_rng(seed * 100 + r)
+    wrong: list[int] = []
+    cancelled = {"send": 0, "recv": 0}
+
+    def expected(source: int, i: int, dtype: str, count: int) -> np.ndarray:
+        return ((np.arange(count) * (source + 3) + i) % 101).astype(dtype)
+
+    async def tried(name: str, call: Any) -> Any:
+        for attempt in range(1, 201):
+            deadline = math.inf if attempt % 4 == 0 else float(rng.uniform(0, 0.003))
+            with trio.move_on_after(deadline):
+                return await call()
+            cancelled[name] += 1
+        raise AssertionError(f"{name} cancelled 200 times")
+
+    async def send() -> None:
+        for i, (dtype, count) in enumerate(PULL_MESSAGES):
+            array = expected(r, i, dtype, count)
+            await tried("send", lambda: comm.send(array, dest=(r + 1) % n))  # noqa: B023
+            array[:] = 0
+
+    async def receive() -> None:
+        out = np.empty(max(count for _, count in PULL_MESSAGES) * 8, np.uint8)
+        for i, (dtype, count) in enumerate(PULL_MESSAGES):
+            into = out[: count * np.dtype(dtype).itemsize].view(dtype)
+            got = await tried("recv", lambda: comm.recv(source=(r - 1) % n, out=into))  # noqa: B023
+            if not np.array_equal(got, expected((r - 1) % n, i, dtype, count)):
+                wrong.append(i)
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(send)
+        nursery.start_soon(receive)
+    await comm.barrier()
+    report.update(features=sorted(comm.features), wrong=wrong, cancelled=cancelled)
+
+
 def count_pulls() -> list[int]:
     """Count the PULL frames this rank's readers carry out (Reading._pull, wrapped)."""
     from trioring._p2p._reading import Reading
@@ -217,6 +262,8 @@ async def main(mode: str, out_dir: Path, args: list[str]) -> int:
                 await kill_p2p(comm, int(args[0]), report)
             elif mode == "pull":
                 await pull(comm, report)
+            elif mode == "pull-cancel":
+                await pull_cancel(comm, int(args[0]), report)
             elif mode == "kill-groups":
                 await kill_groups(comm, int(args[0]), report)
             else:
