@@ -21,7 +21,6 @@ from trioring._p2p._frames import (
     pack_credit,
     pack_data,
     pack_message,
-    pack_pull,
 )
 from trioring._wire import DTYPE_CODES
 
@@ -45,14 +44,23 @@ def test_zero_d_and_control_round_trips() -> None:
     assert decode_header(pack_credit(1234)).count == 1234
     for ftype in (FrameType.CTS, FrameType.DONE, FrameType.WITHDRAW):
         assert decode_header(pack_control(ftype, 3)).type is ftype
-    pull = decode_header(pack_pull(4, 1000, 0x7F00_0000_1000, 0x7F00_0000_2000))
-    assert (pull.type, pull.msg_id, pull.nbytes, pull.offset, pull.count) == (
-        FrameType.PULL,
-        4,
-        1000,
-        0x7F00_0000_1000,
-        0x7F00_0000_2000,
+    assert decode_header(pack_control(FrameType.PULL, 3)).type is FrameType.PULL
+    code = DTYPE_CODES[np.dtype("uint8")]
+    offered = pack_message(
+        FrameType.RTS, MessageKind.ARRAY, code, (5,), 0, 1, 2, 5, 5, address=4096, guard=8192
     )
+    frame = decode_header(offered[: HEADER.size])
+    assert frame.offset == 4096
+    assert decode_shape(offered[HEADER.size : HEADER.size + 8], frame) == (5,)
+    assert DIM.unpack(offered[HEADER.size + 8 :]) == (8192,)
+
+
+def _offered(ftype: FrameType, nbytes: int) -> bytes:
+    """An EAGER or RTS header with an address (only an RTS of some bytes may have one)."""
+    code = DTYPE_CODES[np.dtype("uint8")]
+    frame = pack_message(ftype, MessageKind.ARRAY, code, (nbytes,), 0, 1, 2, nbytes, nbytes,
+                         address=4096, guard=8192)  # fmt: skip
+    return frame[: HEADER.size]
 
 
 @pytest.mark.parametrize(
@@ -63,11 +71,9 @@ def test_zero_d_and_control_round_trips() -> None:
         (pack_credit(0), "CREDIT"),
         (pack_data(1, 10, 5, 6), "DATA of 6 bytes at 5"),
         (pack_control(FrameType.CTS, 0), "without a message id"),
-        (pack_pull(0, 10, 4096, 8192), "without a message id"),
-        (pack_pull(1, 10, 0, 8192), "PULL of 10 bytes at address 0x0"),
-        (pack_pull(1, 10, 4096, 0), "guard at 0x0"),
-        (pack_pull(1, 0, 4096, 8192), "PULL of 0 bytes"),
-        (pack_pull(1, 2**56, 4096, 8192), "PULL of"),
+        (pack_control(FrameType.PULL, 0), "without a message id"),
+        (_offered(FrameType.EAGER, 8), "bad EAGER header \\(offset 4096"),
+        (_offered(FrameType.RTS, 0), "bad RTS header \\(offset 4096"),
         (b"short", "header is 56 bytes"),
     ],
 )

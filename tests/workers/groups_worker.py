@@ -16,7 +16,7 @@ processes).
 - ``pull``: every rank sends messages above the eager limit (odd sizes, one above the
   cross-memory read's step) to the next rank and receives from the previous one, at once,
   overwriting each array as soon as its send returns; the report has the features, how many
-  PULL frames this rank's readers carried out and the sizes of the messages that came
+  messages this rank's receives copied out of their sender's memory and the sizes of the messages that came
   wrong (none).
 
 - ``pull-cancel SEED``: as ``pull`` (one tag, so that order tells a lost or doubled message),
@@ -235,17 +235,18 @@ async def pull_cancel(comm: trioring.Communicator, seed: int, report: dict[str, 
 
 
 def count_pulls() -> list[int]:
-    """Count the PULL frames this rank's readers carry out (Reading._pull, wrapped)."""
+    """Count the messages this rank's receives copy out of their sender's memory
+    (Reading._copy_out, wrapped)."""
     from trioring._p2p._reading import Reading
 
     calls = [0]
-    original = Reading._pull
+    original = Reading._copy_out
 
     async def counted(self: Any, *args: Any) -> None:
         calls[0] += 1
         await original(self, *args)
 
-    Reading._pull = counted  # type: ignore[method-assign]
+    Reading._copy_out = counted  # type: ignore[method-assign]
     return calls
 
 

@@ -11,16 +11,19 @@ rendezvous: RTS (header and shape) -> once a receive matches it, the receiving t
 the target buffer and writes CTS -> the sending task writes DATA frames of ``chunk_bytes``
 straight from the user's array -> the receiver's reader reads each payload straight into the
 target -> the receiving task writes DONE; the send returns on DONE. Where the world agreed on
-cross-memory attach (``peer_pids``), the sending task writes one PULL frame instead of the
-DATA frames, with the address of its array, and the receiver's reader copies the message out
-of the sender's memory (``process_vm_readv``) into the target: one copy instead of two, and
-no frame per chunk. The sender's array is as much in use as while DATA goes, and the same
-rules cover both (below: after PULL, as after the last DATA frame); a send that gives up
-before DONE all the same (its communicator or endpoint closed under it) zeroes the PULL's
-guard word before it returns, and the receiver reads the guard after its copy and forgets a
-copy that may be torn (x86-64 only, whose stores other processes see in program order). So
-what one peer can make us buffer is bounded by ``window_bytes`` plus a header per pending RTS
-(at most ``MAX_PENDING_RTS``; beyond that the peer is broken: ProtocolError).
+cross-memory attach (``peer_pids``), the RTS also gives the addresses of the array and of a
+guard word in the sender's memory; the receiving task, right after its CTS, copies the
+message out of the sender's memory (``process_vm_readv``) into the target, and the sending
+task answers the CTS with one PULL frame instead of DATA frames: the copy may be kept. One
+copy instead of two, no frame per chunk, and the copy overlaps the PULL's way. The copy
+counts only once the PULL came (before it, the send may still be cancelled and its array
+reused) and the guard still holds the msg id: a send that gives up (cancelled before its
+PULL, its communicator or endpoint closed under it) zeroes its guard before it returns, so
+a copy that may be torn is forgotten, as if withdrawn (x86-64 only, whose stores other
+processes see in program order).
+
+So what one peer can make us buffer is bounded by ``window_bytes`` plus a header per pending
+RTS (at most ``MAX_PENDING_RTS``; beyond that the peer is broken: ProtocolError).
 
 Readers (one task per connection) never write: a reader that waited for a write could
 deadlock two ranks that both write. Frames are written by the calling tasks, one frame at a
@@ -36,8 +39,8 @@ that matches it. Sends of one task are ordered; concurrent sends have no order b
 Cancellation ("a cancelled call had no effect", as far as it can be kept):
 
 * A receive cancelled before it matched is withdrawn; nothing is consumed.
-* A receive cancelled while its rendezvous DATA arrives (or while its PULL copies, between
-  two steps) writes REJECT; the message goes back to its place in the queue, whole, for the
+* A receive cancelled while its rendezvous DATA arrives (or while it copies from the
+  sender's memory, between two steps) writes REJECT; the message goes back to its place in the queue, whole, for the
   next matching receive (the sender writes RESTART and waits for a new CTS). ``out`` may
   have been partly overwritten.
 * A send cancelled before all its DATA went writes WITHDRAW: the receiver forgets the
@@ -104,8 +107,9 @@ class Endpoint(Sending):
     ``eager_bytes``, ``window_bytes`` and ``chunk_bytes`` are the protocol's sizes (see the
     constants); tests make them small to exercise every path. ``peer_pids`` (world rank ->
     pid, from the kernel) is given where every pair of ranks agreed on cross-memory attach:
-    rendezvous messages then go by PULL (the receiver copies them out of the sender's
-    memory), and a PULL from a peer without a pid is a protocol error.
+    rendezvous messages then go by cross-memory attach (the receiver copies them out of the
+    sender's memory), and an RTS with addresses from a peer without a pid is a protocol
+    error.
 
     Ranks in calls and results are communicator ranks (``scope.members`` maps them to world
     ranks).
@@ -134,7 +138,7 @@ class Endpoint(Sending):
         #: How long a receive polls (letting the readers run) before it parks: see
         #: _park_recv. The communicators' TRIORING_SPIN_US.
         self._spin_seconds = spin_seconds
-        if _cma.STORES_IN_ORDER:  # else the guard of a PULL cannot be trusted
+        if _cma.STORES_IN_ORDER:  # else a guard word cannot be trusted
             for world, pid in (peer_pids or {}).items():
                 self._peers[world].pid = pid
 
@@ -359,10 +363,19 @@ class Endpoint(Sending):
                     recv.result, target = self._target(message, recv)
                     message.target = target.data
                     message.cts_sent, message.received = True, 0
+                    message.committed = message.unreadable = False
                     with contextlib.suppress(LinkDown):  # the failure set recv.error
                         await self._control(
                             self._peers[message.peer], pack_control(FrameType.CTS, message.msg_id)
                         )
+                    if message.address and recv.message is message:
+                        await self._copy_out(comm, recv, message)
+                elif (
+                    message is not None
+                    and message.committed
+                    and (message.received == message.nbytes or message.unreadable)
+                ):
+                    self._kept(recv, message)
                 else:
                     await self._park_recv(comm, recv)
                 waited = True
@@ -398,21 +411,16 @@ class Endpoint(Sending):
             deadline = time.perf_counter() + self._spin_seconds
             while time.perf_counter() < deadline:
                 await trio.lowlevel.cancel_shielded_checkpoint()
+                message = recv.message
                 if recv.done or recv.error is not None or recv.need_cts:
+                    return
+                if message is not None and message.committed:
                     return
         recv.task = trio.lowlevel.current_task()
 
         def abort(_: object) -> trio.lowlevel.Abort:
             recv.task = None
-            message = recv.message
-            if message is None:
-                comm.unpost(recv)
-            else:
-                recv.message = None
-                message.recv = None
-                if message.cts_sent:
-                    self._reject(self._peers[message.peer], message)
-                self._offer(comm, message)  # back in its place, or to the next receive
+            self._give_up(comm, recv)
             return trio.lowlevel.Abort.SUCCEEDED
 
         await trio.lowlevel.wait_task_rescheduled(abort)

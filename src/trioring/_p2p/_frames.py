@@ -9,13 +9,15 @@ Every frame starts with a fixed 56-byte little-endian header::
 EAGER      a whole small message: ``ndim`` u64 dimensions, then ``nbytes`` of payload.
            ``count`` is the element count, ``offset`` 0.
 RTS        "ready to send" a message of ``nbytes``: ``ndim`` u64 dimensions follow, no payload.
+           Where the ranks agreed on cross-memory attach (one host), ``offset`` is the address
+           of the message in the sender's memory and one more u64 follows the dimensions:
+           the address of its guard, a u64 that holds the msg id while the sender keeps the
+           bytes unchanged and 0 once it gave up the send (0 for neither: plain DATA).
 CTS        receiver -> sender: a receive matched message ``msg id``; send its DATA.
 DATA       ``count`` payload bytes of message ``msg id`` at byte ``offset`` (of ``nbytes``).
-PULL       sender -> receiver, instead of DATA where the ranks agreed on cross-memory attach
-           (one host): read all ``nbytes`` of message ``msg id`` from address ``offset`` of
-           the sender's memory, then the u64 at address ``count``, the guard: it holds the
-           msg id while the sender keeps those bytes unchanged (until DONE or REJECT) and 0
-           once the sender gave up, so the copy may be torn.
+PULL       sender -> receiver, instead of DATA for an RTS with addresses, after the CTS: the
+           receiver may keep what it copies (copied already, or still copying) out of the
+           sender's memory; the sender keeps the bytes unchanged until DONE or REJECT.
 DONE       receiver -> sender: all of message ``msg id`` landed; the send is complete.
 CREDIT     receiver -> sender: ``count`` more bytes of eager credit.
 WITHDRAW   sender -> receiver: message ``msg id`` is cancelled; forget it.
@@ -87,7 +89,14 @@ class MessageKind(enum.IntEnum):
 
 #: The frames about one message id that carry nothing else.
 _ID_ONLY = frozenset(
-    {FrameType.CTS, FrameType.DONE, FrameType.WITHDRAW, FrameType.REJECT, FrameType.RESTART}
+    {
+        FrameType.CTS,
+        FrameType.DONE,
+        FrameType.WITHDRAW,
+        FrameType.REJECT,
+        FrameType.RESTART,
+        FrameType.PULL,
+    }
 )
 
 
@@ -146,9 +155,9 @@ def decode_header(data: bytes | bytearray | memoryview) -> Frame:
             raise _bad(f"tag {tag} out of range")
         if nbytes >= MAX_MESSAGE_BYTES or nbytes != count * DTYPES[dtype - 1].itemsize:
             raise _bad(f"{count} elements of {DTYPES[dtype - 1].name} are not {nbytes} bytes")
-        if offset or not msg_id:
+        if not msg_id or (offset and (ftype is FrameType.EAGER or not nbytes)):
             raise _bad(f"bad {ftype.name} header (offset {offset}, msg id {msg_id})")
-        return Frame(ftype, kind, dtype, ndim, tag, comm_id, msg_id, nbytes, 0, count)
+        return Frame(ftype, kind, dtype, ndim, tag, comm_id, msg_id, nbytes, offset, count)
     if ftype is FrameType.LEFT:
         if kind or dtype or ndim or tag or msg_id or offset:
             raise _bad("LEFT frame with fields other than the comm id, size and culprit set")
@@ -166,10 +175,6 @@ def decode_header(data: bytes | bytearray | memoryview) -> Frame:
     if ftype is FrameType.DATA:
         if nbytes >= MAX_MESSAGE_BYTES or offset + count > nbytes:
             raise _bad(f"DATA of {count} bytes at {offset} of a {nbytes}-byte message")
-        return Frame(ftype, msg_id=msg_id, nbytes=nbytes, offset=offset, count=count)
-    if ftype is FrameType.PULL:
-        if not 0 < nbytes < MAX_MESSAGE_BYTES or not offset or not count:
-            raise _bad(f"PULL of {nbytes} bytes at address {offset:#x} (guard at {count:#x})")
         return Frame(ftype, msg_id=msg_id, nbytes=nbytes, offset=offset, count=count)
     assert ftype in _ID_ONLY
     if nbytes or offset or count:
@@ -201,12 +206,18 @@ def pack_message(
     msg_id: int,
     nbytes: int,
     count: int,
+    *,
+    address: int = 0,
+    guard: int = 0,
 ) -> bytes:
-    """The header and shape of an EAGER or RTS frame (an EAGER's payload follows)."""
+    """The header and shape of an EAGER or RTS frame (an EAGER's payload follows); an RTS
+    with ``address`` (of the message) and ``guard`` offers cross-memory attach."""
     head = HEADER.pack(
-        MAGIC, VERSION, ftype, kind, dtype_code, len(shape), tag, comm_id, msg_id, nbytes, 0, count
-    )
-    return head + b"".join(DIM.pack(dim) for dim in shape)
+        MAGIC, VERSION, ftype, kind, dtype_code, len(shape), tag, comm_id, msg_id, nbytes,
+        address, count,
+    )  # fmt: skip
+    dims = b"".join(DIM.pack(dim) for dim in shape)
+    return head + dims + DIM.pack(guard) if address else head + dims
 
 
 def pack_data(msg_id: int, nbytes: int, offset: int, count: int) -> bytes:
@@ -214,16 +225,8 @@ def pack_data(msg_id: int, nbytes: int, offset: int, count: int) -> bytes:
     return HEADER.pack(MAGIC, VERSION, FrameType.DATA, 0, 0, 0, 0, 0, msg_id, nbytes, offset, count)
 
 
-def pack_pull(msg_id: int, nbytes: int, address: int, guard: int) -> bytes:
-    """A PULL frame: read the ``nbytes`` of message ``msg_id`` at ``address`` here, then
-    check the guard word at ``guard``."""
-    return HEADER.pack(
-        MAGIC, VERSION, FrameType.PULL, 0, 0, 0, 0, 0, msg_id, nbytes, address, guard
-    )
-
-
 def pack_control(ftype: FrameType, msg_id: int) -> bytes:
-    """A CTS, DONE, WITHDRAW, REJECT or RESTART frame."""
+    """A CTS, DONE, WITHDRAW, REJECT, RESTART or PULL frame."""
     assert ftype in _ID_ONLY
     return HEADER.pack(MAGIC, VERSION, ftype, 0, 0, 0, 0, 0, msg_id, 0, 0, 0)
 

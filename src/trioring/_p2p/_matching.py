@@ -49,12 +49,15 @@ class Message:
     all of it (or it is withdrawn or dropped)."""
 
     __slots__ = (
+        "address",
         "arrival",
         "comm_id",
+        "committed",
         "cost",
         "cts_sent",
         "dropped",
         "dtype",
+        "guard",
         "kind",
         "local",
         "msg_id",
@@ -69,6 +72,7 @@ class Message:
         "shape",
         "tag",
         "target",
+        "unreadable",
     )
 
     def __init__(
@@ -115,6 +119,13 @@ class Message:
         self.received = 0
         self.rejected = False
         self.dropped = False
+        # Offered by cross-memory attach (RTS with addresses): where the message and its
+        # guard are in the sender's memory, whether its PULL came (the copy may be kept),
+        # and whether the copy failed because the sender's memory was gone.
+        self.address = 0
+        self.guard = 0
+        self.committed = False
+        self.unreadable = False
 
 
 @final

@@ -25,12 +25,12 @@ from ._frames import (
     decode_shape,
     pack_left,
 )
-from ._matching import Message, wake
+from ._matching import CommState, Message, PostedRecv, wake
 from ._peer import _LOST, FrameReader, Peer, lost
 
 __all__ = ["Reading"]
 
-#: The most a PULL copies between two schedule points: as the collectives' cross-memory
+#: The most a receive copies out of a sender's memory between two schedule points: as the collectives' cross-memory
 #: reads (_cma_collectives._READ_STEP_BYTES), about 350 us here, while a pass through the
 #: scheduler costs tens of microseconds.
 _PULL_STEP_BYTES = 4 * 1024 * 1024
@@ -67,6 +67,15 @@ class Reading(Engine):
         ftype = frame.type
         if ftype is FrameType.EAGER or ftype is FrameType.RTS:
             shape = decode_shape(await reader.read(DIM.size * frame.ndim), frame)
+            guard = 0
+            if frame.offset:
+                (guard,) = DIM.unpack(await reader.read(DIM.size))
+                if peer.pid is None:
+                    raise ProtocolError(
+                        "an RTS with addresses, but the ranks did not agree on cross-memory attach"
+                    )
+                if not guard:
+                    raise ProtocolError(f"an RTS with addresses but no guard ({frame.msg_id})")
             kind = MessageKind(frame.kind)
             if ftype is FrameType.EAGER:
                 cost = frame.nbytes + MESSAGE_OVERHEAD
@@ -95,12 +104,13 @@ class Reading(Engine):
             if ftype is FrameType.EAGER:
                 message.payload, message.cost = payload, cost
             else:
+                message.address, message.guard = frame.offset, guard
                 peer.inbound[frame.msg_id] = message
             self._arrive(message)
         elif ftype is FrameType.DATA:
             await self._data(peer, reader, frame)
         elif ftype is FrameType.PULL:
-            await self._pull(peer, frame)
+            self._committed(peer, frame)
         elif ftype is FrameType.CREDIT:
             peer.credit += frame.count
             if peer.credit > self._window:
@@ -205,8 +215,8 @@ class Reading(Engine):
         wake(send)
 
     def _transfer(self, peer: Peer, frame: Frame) -> tuple[Message, memoryview | None]:
-        """The message that a DATA or PULL frame carries bytes of, and its target (None:
-        the receive was cancelled after its CTS, and the frame came before our REJECT)."""
+        """The message that a DATA or PULL frame is about, and its target (None: the
+        receive was cancelled after its CTS, and the frame came before our REJECT)."""
         message = peer.inbound.get(frame.msg_id)
         name = frame.type.name
         if message is None:
@@ -216,6 +226,8 @@ class Reading(Engine):
         target = message.target
         if not message.cts_sent or target is None:
             raise ProtocolError(f"{name} for message id {frame.msg_id} before its CTS")
+        if (frame.type is FrameType.PULL) != bool(message.address):
+            raise ProtocolError(f"{name} for message id {frame.msg_id}, offered otherwise")
         return message, target
 
     def _landed(self, peer: Peer, message: Message) -> None:
@@ -227,56 +239,98 @@ class Reading(Engine):
         recv.done = True
         wake(recv)
 
-    async def _pull(self, peer: Peer, frame: Frame) -> None:
-        """PULL: copy the message out of the sender's memory into its target, in reads of
-        ``_PULL_STEP_BYTES`` with a schedule point between them, then check the guard; the
-        receiving task then writes DONE. The sender waits for DONE or REJECT, so its bytes
-        stay put, unless it gives up (then the guard says so)."""
+    def _committed(self, peer: Peer, frame: Frame) -> None:
+        """PULL: the sender holds its bytes until DONE or REJECT, so what the receiving
+        task copies out of its memory (see :meth:`_copy_out`) may be kept."""
         message, target = self._transfer(peer, frame)
         if target is None:
             return  # written before it saw our REJECT: it writes RESTART next
-        if peer.pid is None:
-            raise ProtocolError("PULL, but the ranks did not agree on cross-memory attach")
-        if frame.nbytes != message.nbytes or message.received:
-            raise ProtocolError(
-                f"PULL of {frame.nbytes} bytes for message id {frame.msg_id} of "
-                f"{message.nbytes}, {message.received} received"
-            )
-        local = _cma.data_address(np.frombuffer(target, np.uint8))
-        done = 0
-        while done < frame.nbytes:
-            step = min(_PULL_STEP_BYTES, frame.nbytes - done)
-            self._read_from(peer, frame, frame.offset + done, local + done, step)
-            done += step
-            if done < frame.nbytes:
-                await trio.lowlevel.checkpoint()
-                if message.target is not target:
-                    return  # the receive was cancelled meanwhile: REJECTed
-        guard = np.zeros(1, np.uint64)
-        self._read_from(peer, frame, frame.count, _cma.data_address(guard), guard.nbytes)
-        if int(guard[0]) != frame.msg_id:
-            # The sender gave up during the copy (its communicator or endpoint closed), so
-            # the copy may be torn: forget the message, as if withdrawn. Its LEFT, or the
-            # end of its connection, follows and ends the receive.
-            self._withdrawn(peer, frame.msg_id)
-            return
-        message.received = done
-        self._landed(peer, message)
+        message.committed = True
+        if message.recv is not None:
+            wake(message.recv)
 
-    @staticmethod
-    def _read_from(peer: Peer, frame: Frame, remote: int, local: int, nbytes: int) -> None:
-        """Copy ``nbytes`` at ``remote`` in the peer's memory to ``local``, for ``frame``."""
+    async def _copy_out(self, comm: CommState, recv: PostedRecv, message: Message) -> None:
+        """Copy a message offered by cross-memory attach out of the sender's memory into
+        its target, right after its CTS (before its PULL: the copy overlaps the PULL's way
+        here), in reads of ``_PULL_STEP_BYTES`` with a schedule point between them. Stops
+        where the message is no longer the receive's (withdrawn, dropped, failed); a
+        cancellation between two reads REJECTs it, and it goes back, whole, for the next
+        receive (the receive may hold another message by then, or be posted again, if the
+        sender withdrew this one meanwhile). :meth:`_kept` decides whether the copy counts."""
+        peer = self._peers[message.peer]
+        assert peer.pid is not None
+        assert message.target is not None
+        local = _cma.data_address(np.frombuffer(message.target, np.uint8))
+        done = 0
+        try:
+            while done < message.nbytes:
+                step = min(_PULL_STEP_BYTES, message.nbytes - done)
+                if not self._read_from(peer, message, message.address + done, local + done, step):
+                    return
+                done += step
+                if done < message.nbytes:
+                    await trio.lowlevel.checkpoint()
+                    if recv.message is not message or message.target is None:
+                        return
+        except BaseException:
+            self._give_up(comm, recv)  # whichever message it holds now, or its place
+            raise
+        message.received = done
+
+    def _give_up(self, comm: CommState, recv: PostedRecv) -> None:
+        """``recv`` ends (cancelled): a posted receive is withdrawn; one bound to a message
+        gives it back (REJECTing it if its CTS went), whole, to its place in the queue or to
+        the next receive."""
+        message = recv.message
+        if message is None:
+            comm.unpost(recv)
+            return
+        recv.message = None
+        message.recv = None
+        if message.cts_sent:
+            self._reject(self._peers[message.peer], message)
+        self._offer(comm, message)
+
+    def _kept(self, recv: PostedRecv, message: Message) -> None:
+        """The PULL came and the copy is complete (or failed): if the guard still holds the
+        msg id, every read of the copy came before the sender could give the send up, so
+        the receive is done. Else the sender gave up during the copy (its communicator or
+        endpoint closed under it) and the copy may be torn: forget the message, as if
+        withdrawn; its LEFT, or the end of its connection, follows."""
+        peer = self._peers[message.peer]
+        if message.unreadable:
+            self._protocol_violation(peer, f"its PULL of message id {message.msg_id} came, "
+                                     "but its memory could not be read")  # fmt: skip
+            return
+        guard = np.zeros(1, np.uint64)
+        if not self._read_from(peer, message, message.guard, _cma.data_address(guard), 8):
+            return
+        if int(guard[0]) != message.msg_id:
+            self._withdrawn(peer, message.msg_id)
+            return
+        peer.inbound.pop(message.msg_id)
+        message.recv = None
+        recv.done = True
+
+    def _read_from(self, peer: Peer, message: Message, remote: int, local: int, n: int) -> bool:
+        """Copy ``n`` bytes at ``remote`` in the peer's memory to ``local``. False where it
+        failed: the peer exited (its failure is recorded), or its memory is gone (it gave
+        the send up, and its WITHDRAW follows; or it broke the protocol, and its PULL)."""
         assert peer.pid is not None
         try:
-            _cma.read_into(peer.pid, remote, local, nbytes)
+            _cma.read_into(peer.pid, remote, local, n)
         except _cma.CmaError as exc:
-            if exc.errno == errno.ESRCH:  # it exited: its connection ends too
-                raise trio.BrokenResourceError(
-                    f"reading message id {frame.msg_id} from its memory: {exc.strerror}"
-                ) from exc
-            raise ProtocolError(
-                f"its PULL of message id {frame.msg_id} could not be read ({exc.strerror})"
-            ) from exc
+            if exc.errno == errno.ESRCH:
+                self._record_failure(
+                    peer,
+                    PeerFailedError,
+                    f"{_LOST} (reading message id {message.msg_id} from its memory: "
+                    f"{exc.strerror})",
+                )
+            else:
+                message.unreadable = True
+            return False
+        return True
 
     async def _data(self, peer: Peer, reader: FrameReader, frame: Frame) -> None:
         message, target = self._transfer(peer, frame)

@@ -13,7 +13,7 @@ from .._errors import InvalidArgumentError, TrioringError
 from .._onehost._cma import data_address
 from .._wire import DTYPE_CODES
 from ._engine import MESSAGE_OVERHEAD, LinkDown, checked_array
-from ._frames import FrameType, MessageKind, pack_control, pack_data, pack_message, pack_pull
+from ._frames import FrameType, MessageKind, pack_control, pack_data, pack_message
 from ._matching import CommState, Message, Scope, SendWait
 from ._reading import Reading
 
@@ -112,18 +112,22 @@ class Sending(Reading):
         send = SendWait(scope=scope, peer=peer.world, msg_id=peer.take_id(), what=what)
         nbytes = data.nbytes
         flat = _bytes_of(data)
-        # On one host with cross-memory attach agreed, the receiver copies the message out
-        # of our memory itself (PULL), once, instead of DATA frames through the socket
-        # (two copies and a frame per chunk). Empty messages have no address to give.
-        # The guard holds the msg id while our array is the message's: a send that gives
-        # up before DONE (its communicator or endpoint closed, a failure) zeroes it before
-        # it returns, and the receiver reads it after its copy, so a copy that may overlap
-        # the caller's next writes to the array is never delivered (stores reach other
-        # processes in program order: _cma.STORES_IN_ORDER).
+        # On one host with cross-memory attach agreed, the RTS gives our array's address
+        # and the receiver copies the message out of our memory itself, once, from its CTS
+        # on, instead of DATA frames through the socket (two copies and a frame per chunk);
+        # our PULL, after the CTS, tells it that it may keep the copy. Empty messages have
+        # no address to give. The guard holds the msg id while our array is the message's:
+        # a send that gives up (cancelled before its PULL, its communicator or endpoint
+        # closed, a failure) zeroes it before it returns, and the receiver reads it after
+        # its copy, so a copy that may overlap the caller's next writes to the array is
+        # never delivered (stores reach other processes in program order:
+        # _cma.STORES_IN_ORDER).
         guard = np.array([send.msg_id], np.uint64) if peer.pid is not None and nbytes else None
         header = pack_message(
             FrameType.RTS, kind, DTYPE_CODES[data.dtype], data.shape, tag, scope.comm_id,
             send.msg_id, nbytes, data.size,
+            address=0 if guard is None else data_address(data),
+            guard=0 if guard is None else data_address(guard),
         )  # fmt: skip
         await peer.acquire()  # cancellable: nothing is sent yet
         try:
@@ -156,9 +160,7 @@ class Sending(Reading):
                         if rejected:
                             pass
                         elif guard is not None:
-                            frame = pack_pull(
-                                send.msg_id, nbytes, data_address(data), data_address(guard)
-                            )
+                            frame = pack_control(FrameType.PULL, send.msg_id)
                             await self._write_locked(peer, frame)
                         else:
                             frame = pack_data(send.msg_id, nbytes, offset, count)
