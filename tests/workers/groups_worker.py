@@ -167,13 +167,15 @@ async def kill_groups(comm: trioring.Communicator, victim: int, report: dict[str
 PULL_MESSAGES = [("float32", 262_145), ("int16", 1_572_869), ("float64", 1_179_649)] * 3
 
 
+def expected(source: int, i: int, dtype: str, count: int) -> np.ndarray:
+    """Message ``i`` of rank ``source`` in the pull modes."""
+    return ((np.arange(count) * (source + 3) + i) % 101).astype(dtype)
+
+
 async def pull(comm: trioring.Communicator, report: dict[str, Any]) -> None:
     pulls = count_pulls()
     r, n = comm.rank, comm.world_size
     wrong: list[int] = []
-
-    def expected(source: int, i: int, dtype: str, count: int) -> np.ndarray:
-        return ((np.arange(count) * (source + 3) + i) % 101).astype(dtype)
 
     async def send() -> None:
         for i, (dtype, count) in enumerate(PULL_MESSAGES):
@@ -201,9 +203,6 @@ async def pull_cancel(comm: trioring.Communicator, seed: int, report: dict[str, 
     rng = np.random.default_rng(seed * 100 + r)
     wrong: list[int] = []
     cancelled = {"send": 0, "recv": 0}
-
-    def expected(source: int, i: int, dtype: str, count: int) -> np.ndarray:
-        return ((np.arange(count) * (source + 3) + i) % 101).astype(dtype)
 
     async def tried(name: str, call: Any) -> Any:
         for attempt in range(1, 201):

@@ -1,7 +1,9 @@
 """The readers of the point-to-point plane (one task per peer connection) and what they
 do with each frame: messages arriving, answers to our sends, DATA straight into its target,
-and the LEFT of a peer that closed a communicator. Readers never write: the frames that
-answer them go out from the tasks they wake (see :class:`~trioring._p2p._engine.Engine`)."""
+the PULL that lets a receive keep what it copied out of the sender's memory, and the LEFT
+of a peer that closed a communicator; and that copy, which the receiving task makes
+(:meth:`Reading._copy_out`). Readers never write: the frames that answer them go out from
+the tasks they wake (see :class:`~trioring._p2p._engine.Engine`)."""
 
 from __future__ import annotations
 
@@ -30,9 +32,9 @@ from ._peer import _LOST, FrameReader, Peer, lost
 
 __all__ = ["Reading"]
 
-#: The most a receive copies out of a sender's memory between two schedule points: as the collectives' cross-memory
-#: reads (_cma_collectives._READ_STEP_BYTES), about 350 us here, while a pass through the
-#: scheduler costs tens of microseconds.
+#: The most a receive copies out of a sender's memory between two schedule points: as the
+#: collectives' cross-memory reads (_cma_collectives._READ_STEP_BYTES), about 350 us here,
+#: while a pass through the scheduler costs tens of microseconds.
 _PULL_STEP_BYTES = 4 * 1024 * 1024
 
 
