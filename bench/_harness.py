@@ -42,3 +42,10 @@ P2P_SIZES = [8, 1024, 64 * 1024, 1024 * 1024, 1024 * 1024 + 8, 16 * 1024 * 1024]
 def p2p_inner(size: int) -> int:
     """Round trips per sample of the ping-pong."""
     return 20 if size <= 1024 * 1024 else 5
+
+
+def p2p_buffers(size: int) -> tuple[np.ndarray, np.ndarray]:
+    """The ping-pong's message of ``size`` bytes (a pattern the echo is checked against),
+    and the buffer the echo lands in."""
+    message = (np.arange(size, dtype=np.uint8) * 7).view(np.uint8)
+    return message, np.empty_like(message)

@@ -17,7 +17,7 @@ import time
 from typing import TYPE_CHECKING
 
 import numpy as np
-from _harness import P2P_SIZES, p2p_inner
+from _harness import P2P_SIZES, p2p_buffers, p2p_inner
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -29,8 +29,7 @@ def pingpong(
     """Half a round trip between ranks 0 and 1, per size (ranks above 1 only wait)."""
     medians = {}
     for size in P2P_SIZES:
-        x = (np.arange(size, dtype=np.uint8) * 7).view(np.uint8)
-        back = np.empty_like(x)
+        x, back = p2p_buffers(size)
         inner = p2p_inner(size)
         samples = []
         for _ in range(rounds):

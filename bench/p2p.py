@@ -18,7 +18,7 @@ import time
 
 import numpy as np
 import trio
-from _harness import P2P_SIZES, p2p_inner
+from _harness import P2P_SIZES, p2p_buffers, p2p_inner
 
 import trioring
 
@@ -28,8 +28,7 @@ async def main(rounds: int) -> int:
         r = comm.rank
         rows = []
         for size in P2P_SIZES:
-            x = (np.arange(size, dtype=np.uint8) * 7).view(np.uint8)
-            back = np.empty_like(x)
+            x, back = p2p_buffers(size)
             inner = p2p_inner(size)
             samples = []
             for _ in range(rounds):

@@ -40,9 +40,9 @@ Cancellation ("a cancelled call had no effect", as far as it can be kept):
 
 * A receive cancelled before it matched is withdrawn; nothing is consumed.
 * A receive cancelled while its rendezvous DATA arrives (or while it copies from the
-  sender's memory, between two steps) writes REJECT; the message goes back to its place in the queue, whole, for the
-  next matching receive (the sender writes RESTART and waits for a new CTS). ``out`` may
-  have been partly overwritten.
+  sender's memory, between two steps) writes REJECT; the message goes back to its place in
+  the queue, whole, for the next matching receive (the sender writes RESTART and waits for
+  a new CTS). ``out`` may have been partly overwritten.
 * A send cancelled before all its DATA went writes WITHDRAW: the receiver forgets the
   message, and a receive that had matched it waits again, first in line. ``out`` of that
   receive may have been partly overwritten.

@@ -347,19 +347,11 @@ class Engine:
         lock is held one frame at a time by others, so the wait is short. Returns whether
         it passed through the scheduler (not when the lock was free and the socket took
         the frame at once: a CTS then costs 40 us less, bench/p2p.py's 1 MiB + 8)."""
-        lock = peer.lock
-        try:
-            lock.acquire_nowait()
-        except trio.WouldBlock:
-            with trio.CancelScope(shield=True):
-                await lock.acquire()
-            passed = True
-        else:
-            passed = False
+        passed = await peer.acquire(shielded=True)
         try:
             return await self._write_locked(peer, *buffers) or passed
         finally:
-            lock.release()
+            peer.lock.release()
 
     async def _flush(self, peer: Peer) -> bool:
         """Write the outbox, and a CREDIT frame if half the window is owed; best effort.

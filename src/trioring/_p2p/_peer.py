@@ -49,7 +49,8 @@ class Peer:
         #: fits its buffer without a pass through the scheduler (see Engine._write_locked).
         self.fast = connection if isinstance(connection, SocketConnection) else None
         #: The peer's pid (from the kernel) when every pair of ranks agreed on cross-memory
-        #: attach at opening: rendezvous messages between us then go by PULL, not DATA.
+        #: attach at opening: rendezvous messages between us then go by cross-memory attach
+        #: (an RTS with addresses, then PULL), not DATA.
         self.pid: int | None = None
         #: One frame at a time on the connection; FIFO, so that concurrent sends' chunks
         #: interleave fairly.
@@ -86,17 +87,19 @@ class Peer:
         self.next_msg_id += 1
         return msg_id
 
-    async def acquire(self) -> bool:
-        """Take :attr:`lock` for a frame that the caller's cancellation may still stop:
-        raises Cancelled if the task is cancelled, takes the lock at once if it is free (as
-        it usually is: Trio's acquire passes through the scheduler even then, 22 us of a
-        135 us eager send at world 2 on 2 vCPUs), else waits for it, cancellably. Returns
-        whether it passed through the scheduler."""
-        await trio.lowlevel.checkpoint_if_cancelled()
+    async def acquire(self, *, shielded: bool = False) -> bool:
+        """Take :attr:`lock` at once if it is free (as it usually is: Trio's acquire passes
+        through the scheduler even then, 22 us of a 135 us eager send at world 2 on 2
+        vCPUs), else wait for it. For a frame that the caller's cancellation may still stop,
+        raises Cancelled if the task is cancelled and waits cancellably; ``shielded`` (a
+        frame that must go out) neither. Returns whether it passed through the scheduler."""
+        if not shielded:
+            await trio.lowlevel.checkpoint_if_cancelled()
         try:
             self.lock.acquire_nowait()
         except trio.WouldBlock:
-            await self.lock.acquire()
+            with trio.CancelScope(shield=shielded):
+                await self.lock.acquire()
             return True
         return False
 

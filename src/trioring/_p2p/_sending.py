@@ -78,7 +78,6 @@ class Sending(Reading):
                 FrameType.EAGER, kind, DTYPE_CODES[data.dtype], data.shape, tag,
                 scope.comm_id, peer.take_id(), data.nbytes, data.size,
             )  # fmt: skip
-            lock = peer.lock
             passed = await peer.acquire()  # cancellable: nothing is sent yet
             sent = False
             try:
@@ -91,7 +90,7 @@ class Sending(Reading):
                         raise self._for_call(exc.base, scope, what, seq, world) from None
                     sent = True
             finally:
-                lock.release()
+                peer.lock.release()
             if sent:
                 if not passed:
                     # The message is out: a schedule point, but no Cancelled after it.
@@ -157,12 +156,11 @@ class Sending(Reading):
                         if send.error is not None:
                             raise send.error
                         rejected = send.rejected
-                        if rejected:
-                            pass
-                        elif guard is not None:
-                            frame = pack_control(FrameType.PULL, send.msg_id)
-                            await self._write_locked(peer, frame)
-                        else:
+                        if not rejected and guard is not None:
+                            await self._write_locked(
+                                peer, pack_control(FrameType.PULL, send.msg_id)
+                            )
+                        elif not rejected:
                             frame = pack_data(send.msg_id, nbytes, offset, count)
                             await self._write_locked(peer, frame, flat[offset : offset + count])
                     finally:
