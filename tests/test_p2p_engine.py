@@ -898,17 +898,20 @@ async def test_pull_from_a_sender_that_gave_up_during_the_copy_delivers_nothing(
 
 @pytest.mark.parametrize("pull", [False, True], ids=["data", "pull"])
 @pytest.mark.parametrize("seed", [1, 2, 3])
+@pytest.mark.parametrize("polling", [False, True], ids=["memory", "socket-polling"])
 async def test_rendezvous_under_random_cancellation(
-    monkeypatch: pytest.MonkeyPatch, pull: bool, seed: int
+    monkeypatch: pytest.MonkeyPatch, pull: bool, seed: int, polling: bool
 ) -> None:
     """Both ways at once, every send and receive under a random deadline (none every fourth
     try) and tried again while cancelled, the copies in small steps: each message arrives
-    once, whole and in order. (A receive cancelled in a step after its sender had withdrawn
+    once, whole and in order; also over sockets with waits that poll, taking frames off
+    the sockets themselves. (A receive cancelled in a step after its sender had withdrawn
     the message once stayed posted, and took the next message to nobody.)"""
     monkeypatch.setattr(_reading, "_PULL_STEP_BYTES", 512)
     rng = np.random.default_rng(seed)
     sizes = [int(n) for n in rng.integers(1, 1000, 60)]
-    async with open_world(2, eager_bytes=0, chunk_bytes=512, pull=pull) as w:
+    over = {"pair": socket_pair, "spin_seconds": 0.0005} if polling else {}
+    async with open_world(2, eager_bytes=0, chunk_bytes=512, pull=pull, **over) as w:  # type: ignore[arg-type]
 
         async def tried(call: Callable[[], Awaitable[object]]) -> object:
             for attempt in range(1, 101):
@@ -933,6 +936,8 @@ async def test_rendezvous_under_random_cancellation(
             for a, b in ((0, 1), (1, 0)):
                 nursery.start_soon(sender, a, b)
                 nursery.start_soon(receiver, b, a)
+        if polling:
+            assert sum(endpoint.taken_by_waits for endpoint in w.endpoints) > 0
 
 
 def _pid_of_a_process_that_exited() -> int:

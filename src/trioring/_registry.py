@@ -12,6 +12,7 @@ import attrs
 from ._config import DEFAULT_SPIN_US, spin_seconds
 from ._errors import ConfigurationError, TransportUnavailable
 from ._onehost import _cma, _shm
+from ._p2p import CMA_EAGER_BYTES
 from .transports import MemoryTransport, TcpTransport, Transport, UnixTransport
 
 __all__ = ["Capability", "capabilities", "is_available", "register_transport"]
@@ -156,8 +157,9 @@ def _features() -> list[Capability]:
             (
                 "cma",
                 _cma.unavailable_reason(),
-                "large collectives, and messages above the eager limit on x86-64, between "
-                "ranks on one host (unix) copy straight from peers' memory (process_vm_readv); "
+                f"large collectives, and messages above {CMA_EAGER_BYTES // 1024} KiB on x86-64, "
+                "between ranks on one host (unix) copy straight from peers' memory "
+                "(process_vm_readv); "
                 "off with TRIORING_CMA=0",
             ),
             (
@@ -171,7 +173,8 @@ def _features() -> list[Capability]:
             (
                 "spin",
                 _spin_unavailable(),
-                f"receives poll up to TRIORING_SPIN_US us (default {DEFAULT_SPIN_US}) before "
+                f"receives poll up to TRIORING_SPIN_US us (default {DEFAULT_SPIN_US}; point-to-"
+                "point waits at least 1 ms, taking frames off the sockets themselves) before "
                 "they park; 0 turns it off. By default not where a peer on this host can run "
                 "only on the one CPU this rank may use (it could not answer while we poll), "
                 "nor, on one CPU, over TCP (the peers' CPUs are not known)",

@@ -4,6 +4,7 @@ its world (see :mod:`._endpoint` for the protocol and its guarantees)."""
 from ._endpoint import Endpoint as Endpoint
 from ._engine import (
     CHUNK_BYTES as CHUNK_BYTES,
+    CMA_EAGER_BYTES as CMA_EAGER_BYTES,
     EAGER_BYTES as EAGER_BYTES,
     MAX_PENDING_RTS as MAX_PENDING_RTS,
     MESSAGE_OVERHEAD as MESSAGE_OVERHEAD,

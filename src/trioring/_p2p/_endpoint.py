@@ -21,12 +21,18 @@ reused) and the guard still holds the msg id: a send that gives up (cancelled be
 PULL, its communicator or endpoint closed under it) zeroes its guard before it returns, so
 a copy that may be torn is forgotten, as if withdrawn (x86-64 only, whose stores other
 processes see in program order).
+Between such ranks the eager limit is at most ``CMA_EAGER_BYTES``: above it, that one copy
+costs less than two through the socket.
 
 So what one peer can make us buffer is bounded by ``window_bytes`` plus a header per pending
 RTS (at most ``MAX_PENDING_RTS``; beyond that the peer is broken: ProtocolError).
 
 Readers (one task per connection) never write: a reader that waited for a write could
-deadlock two ranks that both write. Frames are written by the calling tasks, one frame at a
+deadlock two ranks that both write. A receive or a rendezvous send that waits first polls
+(``spin_seconds``, at least ``POLL_SECONDS`` where polling is on): it looks at its peers'
+sockets itself and takes the whole frames waiting there, as the reader would, while the
+reader is between frames (so the reader still reads from the start of a frame), sparing the
+passes through the scheduler that wake the reader and then the waiting task. Frames are written by the calling tasks, one frame at a
 time under the connection's FIFO lock, each write shielded from cancellation (it ends: the
 peer's reader always drains, and a dead peer makes it fail). DATA frames of concurrent sends
 to one peer interleave chunk by chunk, told apart by their message id.
@@ -64,7 +70,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import time
 from typing import TYPE_CHECKING, final
 
 import trio
@@ -134,10 +139,8 @@ class Endpoint(Sending):
             eager_bytes=eager_bytes,
             window_bytes=window_bytes,
             chunk_bytes=chunk_bytes,
+            spin_seconds=spin_seconds,
         )
-        #: How long a receive polls (letting the readers run) before it parks: see
-        #: _park_recv. The communicators' TRIORING_SPIN_US.
-        self._spin_seconds = spin_seconds
         if _cma.STORES_IN_ORDER:  # else a guard word cannot be trusted
             for world, pid in (peer_pids or {}).items():
                 self._peers[world].pid = pid
@@ -352,7 +355,7 @@ class Endpoint(Sending):
     async def _wait_recv(self, comm: CommState, recv: PostedRecv) -> None:
         """Drive ``recv`` to its end: write its CTS when it is bound to a rendezvous message,
         wait for the data, write DONE (or give credit back)."""
-        waited = False
+        passed = False  # through the scheduler: if not, a schedule point at the end
         try:
             while not recv.done:
                 if recv.error is not None:
@@ -364,8 +367,9 @@ class Endpoint(Sending):
                     message.target = target.data
                     message.cts_sent, message.received = True, 0
                     message.committed = message.unreadable = False
+                    recv.polled = False  # the PULL comes within a round trip: poll for it
                     with contextlib.suppress(LinkDown):  # the failure set recv.error
-                        await self._control(
+                        passed |= await self._control(
                             self._peers[message.peer], pack_control(FrameType.CTS, message.msg_id)
                         )
                     if message.address and recv.message is message:
@@ -377,8 +381,7 @@ class Endpoint(Sending):
                 ):
                     self._kept(recv, message)
                 else:
-                    await self._park_recv(comm, recv)
-                waited = True
+                    passed |= await self._park_recv(comm, recv)
         except BaseException:
             # A REJECT queued by the cancellation (or the failure) goes out now.
             with trio.CancelScope(shield=True):
@@ -392,30 +395,23 @@ class Endpoint(Sending):
         if message.payload is None and message.local is None and source is not None:
             # All of it landed: the receive succeeded, whatever the sender hears.
             with contextlib.suppress(LinkDown):
-                await self._control(source, pack_control(FrameType.DONE, message.msg_id))
-        elif (source is None or not await self._flush(source)) and not waited:
+                passed |= await self._control(source, pack_control(FrameType.DONE, message.msg_id))
+        elif source is not None:
+            passed |= await self._flush(source)
+        if not passed:
             await trio.lowlevel.cancel_shielded_checkpoint()
 
-    async def _park_recv(self, comm: CommState, recv: PostedRecv) -> None:
-        """Wait until something happens to ``recv``. If cancelled: a posted receive is
-        withdrawn; one bound to a message gives it back (REJECTing it if its CTS went)."""
-        if self._spin_seconds and not recv.polled:
-            # Poll first, as a collective's receive does: a peer on another core often
-            # answers within microseconds, and each pass through the scheduler also polls
-            # the sockets, so our reader takes the message at once, where parking would add
-            # the operating system's wake-up of an idle process (one-way latency of 8 B on 2
-            # cores: 122 us parked at once, see bench/p2p.py). The passes are shielded: a
-            # cancellation is taken by the wait below, within spin_seconds, whose abort
-            # knows how to give a message back; here one could be lost.
+    async def _park_recv(self, comm: CommState, recv: PostedRecv) -> bool:
+        """Wait until something happens to ``recv``; return whether the wait passed through
+        the scheduler. If cancelled: a posted receive is withdrawn; one bound to a message
+        gives it back (REJECTing it if its CTS went)."""
+        if not recv.polled:
+            # Poll first (see Reading._poll); a cancellation is taken by the wait below,
+            # whose abort knows how to give a message back.
             recv.polled = True
-            deadline = time.perf_counter() + self._spin_seconds
-            while time.perf_counter() < deadline:
-                await trio.lowlevel.cancel_shielded_checkpoint()
-                message = recv.message
-                if recv.done or recv.error is not None or recv.need_cts:
-                    return
-                if message is not None and message.committed:
-                    return
+            passed = await self._poll(_sources(recv), functools.partial(_moved, recv))
+            if _moved(recv):
+                return passed
         recv.task = trio.lowlevel.current_task()
 
         def abort(_: object) -> trio.lowlevel.Abort:
@@ -424,3 +420,23 @@ class Endpoint(Sending):
             return trio.lowlevel.Abort.SUCCEEDED
 
         await trio.lowlevel.wait_task_rescheduled(abort)
+        return True
+
+
+def _sources(recv: PostedRecv) -> tuple[int, ...]:
+    """The world ranks ``recv`` may hear from now."""
+    message = recv.message
+    if message is not None:
+        return (message.peer,)
+    return recv.scope.members if recv.source is None else (recv.source,)
+
+
+def _moved(recv: PostedRecv) -> bool:
+    """Whether ``recv`` has something for :meth:`Endpoint._wait_recv` to do."""
+    message = recv.message
+    return (
+        recv.done
+        or recv.error is not None
+        or recv.need_cts
+        or (message is not None and message.committed)
+    )

@@ -20,7 +20,7 @@ from .._errors import (
 )
 from .._util import expected_array
 from .._wire import DTYPE_CODES
-from ..transports._socket import advance
+from ..transports._socket import PeekBuffer, advance
 from ._frames import (
     MAX_NDIM,
     TAG_BOUND,
@@ -30,7 +30,7 @@ from ._frames import (
     pack_credit,
 )
 from ._matching import CommState, Message, PostedRecv, Scope, wake
-from ._peer import Peer, lost
+from ._peer import READ_BYTES, Peer, lost
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -44,6 +44,13 @@ if TYPE_CHECKING:
 #: world 2 on 2 vCPUs, against 222 and 460 us eagerly, the receiver's extra copy included
 #: (bench/p2p.py; Gloo's 1 MiB: 472 us, bench/p2p_compare.py).
 EAGER_BYTES = 1024 * 1024
+#: The same between ranks that copy rendezvous messages out of each other's memory (cross-
+#: memory attach agreed, Peer.pid): from there one copy straight into the receive's array
+#: beats two through the socket and a buffer. Ping-pong at world 2 on 2 vCPUs, one way, us,
+#: this limit against 1 MiB (bench/p2p.py, alternating launches): 64 KiB + 8 bytes 260-274
+#: against 164-172 eagerly, 128 KiB and 256 KiB a wash (266-337 against 278-316), 512 KiB
+#: 322-329 against 347-373, 1 MiB 380-411 against 501-506.
+CMA_EAGER_BYTES = 256 * 1024
 #: Eager credit per peer and direction: what one peer can make us buffer. 4 MiB holds 4
 #: full eager messages (or 16384 tiny ones), enough that a sender of small messages rarely
 #: waits for a receive to start, at 4 MiB of memory per peer at most.
@@ -91,6 +98,7 @@ class Engine:
         eager_bytes: int = EAGER_BYTES,
         window_bytes: int = WINDOW_BYTES,
         chunk_bytes: int = CHUNK_BYTES,
+        spin_seconds: float = 0.0,
     ) -> None:
         if rank in connections:
             raise InvalidArgumentError(f"rank {rank}: a connection to itself", rank=rank)
@@ -105,7 +113,13 @@ class Engine:
         self._eager_bytes = eager_bytes
         self._window = window_bytes
         self._chunk = chunk_bytes
+        #: How long a wait polls before it parks (TRIORING_SPIN_US; see Reading._poll).
+        self._spin_seconds = spin_seconds
         self._peers = {w: Peer(w, c, window_bytes) for w, c in connections.items()}
+        #: Where a polling receive looks at a socket (Reading._take_waiting).
+        self._peek_buffer = PeekBuffer(READ_BYTES)
+        #: Frames that waiting calls took off the sockets themselves (statistics).
+        self.taken_by_waits = 0
         self._comms: dict[int, CommState] = {}
         self._unregistered: dict[int, Callable[[str], TrioringError]] = {}
         #: The world ranks that sent LEFT for a communicator id (they closed it or left it),

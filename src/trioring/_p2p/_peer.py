@@ -14,9 +14,13 @@ if TYPE_CHECKING:
     from ..transports import Connection
     from ._matching import Message, SendWait
 
-#: What the reader asks the connection for at once: a header and a small payload usually
-#: arrive in one read. Larger payloads land straight in their target (see read_into).
-_READ_BYTES = 64 * 1024
+#: Frames with up to this many bytes after their header (64 KiB of payload and the largest
+#: shape) are read whole into the reader's buffer, or taken whole by a waiting receive
+#: (Reading._take_waiting); larger payloads land straight in their target (see read_into).
+READ_WHOLE_BYTES = 64 * 1024 + 512
+#: What the reader asks the connection for at once (a whole frame of READ_WHOLE_BYTES and
+#: more): a header and a small payload usually arrive in one read.
+READ_BYTES = 96 * 1024
 #: Reads in a row that find bytes waiting, after which the reader passes through the
 #: scheduler anyway, so that a peer that keeps the socket full cannot hold the thread: a
 #: few MiB at most (each read takes what the socket holds), or dozens of small frames.
@@ -81,6 +85,8 @@ class Peer:
         self.detail = ""
         #: The reader's cancel scope: cancelled to stop reading a peer that broke the rules.
         self.reader_scope = trio.CancelScope()
+        #: The connection's reader (the reader task's; see FrameReader.idle).
+        self.reader = FrameReader(connection)
 
     def take_id(self) -> int:
         msg_id = self.next_msg_id
@@ -114,14 +120,19 @@ class FrameReader:
     def __init__(self, connection: Connection) -> None:
         self._connection = connection
         self._fast = connection if isinstance(connection, SocketConnection) else None
-        self._buffer = bytearray(_READ_BYTES)
+        self._buffer = bytearray(READ_BYTES)
         self._view = memoryview(self._buffer)
         self._start = 0
         self._end = 0
+        #: True while the reader waits for the next frame with nothing of it read: only
+        #: then may a waiting receive take whole frames off the socket itself (see
+        #: Reading._take_waiting); at any other time the socket's next bytes continue a
+        #: frame that the reader has begun.
+        self.idle = False
         #: Reads that found bytes waiting since the last pass through the scheduler.
         self._unyielded = 0
 
-    async def _receive(self, into: memoryview) -> int:
+    async def _receive(self, into: memoryview, *, idle: bool = False) -> int:
         fast = self._fast
         got: int | None
         if fast is None:
@@ -135,9 +146,13 @@ class FrameReader:
             got = fast.recv_nowait(into)
             if got is None:
                 self._unyielded = 0
-                while got is None:
-                    await fast.wait_readable(check_peer=True)
-                    got = fast.recv_nowait(into)
+                self.idle = idle
+                try:
+                    while got is None:
+                        await fast.wait_readable(check_peer=True)
+                        got = fast.recv_nowait(into)
+                finally:
+                    self.idle = False
             else:
                 self._unyielded += 1
                 if self._unyielded >= _READS_PER_YIELD:
@@ -149,7 +164,12 @@ class FrameReader:
             raise EOFError
         return got
 
-    async def read(self, nbytes: int) -> memoryview:
+    async def read_header(self, nbytes: int) -> memoryview:
+        """:meth:`read` the ``nbytes`` of the next frame's header, :attr:`idle` while nothing
+        of it has come."""
+        return await self.read(nbytes, idle=True)
+
+    async def read(self, nbytes: int, *, idle: bool = False) -> memoryview:
         """The next ``nbytes`` (at most the buffer's size); valid until the next read."""
         if self._end - self._start < nbytes:
             if self._start + nbytes > len(self._buffer):
@@ -157,7 +177,9 @@ class FrameReader:
                 self._view[:have] = self._view[self._start : self._end]
                 self._start, self._end = 0, have
             while self._end - self._start < nbytes:
-                self._end += await self._receive(self._view[self._end :])
+                self._end += await self._receive(
+                    self._view[self._end :], idle=idle and self._end == self._start
+                )
         view = self._view[self._start : self._start + nbytes]
         self._start += nbytes
         if self._start == self._end:

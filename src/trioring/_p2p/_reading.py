@@ -8,11 +8,16 @@ the tasks they wake (see :class:`~trioring._p2p._engine.Engine`)."""
 from __future__ import annotations
 
 import errno
+import math
+import os
+import time
+from typing import TYPE_CHECKING
 
 import numpy as np
 import trio
 
 from .._errors import PeerFailedError, ProtocolError
+from .._framing import SPIN_SLICE_SECONDS
 from .._onehost import _cma
 from ._engine import MAX_PENDING_RTS, MESSAGE_OVERHEAD, Engine
 from ._frames import (
@@ -28,7 +33,10 @@ from ._frames import (
     pack_left,
 )
 from ._matching import CommState, Message, PostedRecv, wake
-from ._peer import _LOST, FrameReader, Peer, lost
+from ._peer import _LOST, READ_WHOLE_BYTES, FrameReader, Peer, lost
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
 
 __all__ = ["Reading"]
 
@@ -36,6 +44,33 @@ __all__ = ["Reading"]
 #: collectives' cross-memory reads (_cma_collectives._READ_STEP_BYTES), about 350 us here,
 #: while a pass through the scheduler costs tens of microseconds.
 _PULL_STEP_BYTES = 4 * 1024 * 1024
+#: Where polling is on (the spin feature), a receive or a rendezvous send polls at least
+#: this long before it parks, as a wait on the shared segment does
+#: (_shm_collectives.SHM_SPIN_SECONDS): a peer that runs Python between two messages
+#: answers later than the 50 us of a collective's poll (DEFAULT_SPIN_US), and a wait that
+#: parks is woken through the event loop and the reader. Ping-pong at world 2 on 2 vCPUs,
+#: one way, polling this long against 50 us (bench/p2p.py, three launches each): 8 bytes
+#: 122-131 us against 181-199, 64 KiB 179-185 against 218-235. The cost where ranks
+#: outnumber cores: a ring of 1 MiB messages at world 3 took 2479-2634 us per step against
+#: 2304-2377 (8 bytes: 395-413 against 428-623).
+POLL_SECONDS = 0.001
+#: A poll asks Trio whether other tasks wait to run every this many looks, not at each: the
+#: question (5.4 us here) costs more than a look (a peek at a socket, 2.9 us, and a yield of
+#: the CPU, 0.5 us). Frames it takes (which may wake tasks) end the look with a pass through
+#: the scheduler anyway.
+_LOOKS_PER_QUEUE_CHECK = 4
+_NOTHING = memoryview(b"")
+
+
+def _body_bytes(frame: Frame) -> int:
+    """What follows ``frame``'s header (for DATA: its payload)."""
+    ftype = frame.type
+    if ftype is FrameType.EAGER or ftype is FrameType.RTS:
+        guard = DIM.size if frame.offset else 0
+        return DIM.size * frame.ndim + guard + (frame.nbytes if ftype is FrameType.EAGER else 0)
+    if ftype is FrameType.LEFT:
+        return frame.nbytes
+    return frame.count if ftype is FrameType.DATA else 0
 
 
 class Reading(Engine):
@@ -46,71 +81,163 @@ class Reading(Engine):
     async def _read_peer(self, peer: Peer) -> None:
         """Read ``peer``'s frames until its connection ends, it breaks the protocol, or the
         endpoint closes; then close the connection. Never writes, never raises for the peer."""
-        reader = FrameReader(peer.connection)
+        reader = peer.reader
         try:
             with peer.reader_scope:
                 while True:
-                    frame = decode_header(await reader.read(HEADER.size))
+                    frame = decode_header(await reader.read_header(HEADER.size))
                     await self._dispatch(peer, reader, frame)
         except EOFError:
             self._record_failure(peer, PeerFailedError, _LOST)
-        except trio.BrokenResourceError as exc:
-            self._record_failure(peer, PeerFailedError, lost(exc))
         except trio.ClosedResourceError:
             if not self._closed:
                 self._record_failure(peer, PeerFailedError, _LOST)
-        except ProtocolError as exc:
-            self._record_failure(peer, ProtocolError, f"it broke the protocol: {exc}")
+        except (trio.BrokenResourceError, ProtocolError) as exc:
+            self._reading_failed(peer, exc)
         finally:
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(peer.connection)
 
+    def _reading_failed(self, peer: Peer, exc: trio.BrokenResourceError | ProtocolError) -> None:
+        if isinstance(exc, ProtocolError):
+            self._record_failure(peer, ProtocolError, f"it broke the protocol: {exc}")
+        else:
+            self._record_failure(peer, PeerFailedError, lost(exc))
+
     async def _dispatch(self, peer: Peer, reader: FrameReader, frame: Frame) -> None:
+        if frame.type is FrameType.DATA:
+            await self._data(peer, reader, frame)
+            return
+        size = _body_bytes(frame)
+        if frame.type is FrameType.EAGER and size > READ_WHOLE_BYTES:
+            # A large payload lands straight in its array (one copy).
+            shape = decode_shape(await reader.read(DIM.size * frame.ndim), frame)
+            cost = self._eager_cost(peer, frame)
+            payload = np.empty(shape, frame.dtype)
+            await reader.read_into(payload.reshape(-1).view(np.uint8).data)
+            self._message(peer, frame, shape, 0, payload, cost)
+            return
+        self._handle(peer, frame, await reader.read(size) if size else _NOTHING)
+
+    async def _poll(self, worlds: Sequence[int], moved: Callable[[], bool]) -> bool:
+        """Before a receive or a send parks: look for frames from the peers ``worlds``
+        (world ranks) until ``moved()``: as a collective's receive does, for a peer on
+        another core often answers within microseconds, where parking would add the
+        operating system's wake-up of an idle process and passes through the scheduler for
+        the reader and then the waiting task. Each look takes the frames waiting on the
+        sockets itself (:meth:`_take_waiting`) and yields the CPU; the first pass through the
+        scheduler (the schedule point the call owes) comes right after the first look, while
+        the peer is still busy, and the reader and the other tasks of this program run at the
+        next ones, as soon as one has work and at least every ``SPIN_SLICE_SECONDS``. Polls
+        for ``spin_seconds`` (at least ``POLL_SECONDS``); looks once where polling is off.
+        The passes are shielded; a cancellation ends the poll at the next one, and the
+        caller's wait takes it. Returns whether it passed through the scheduler."""
+        peers = [peer for world in worlds if (peer := self._peers.get(world)) is not None]
+        passed = False
+        start = time.perf_counter()
+        deadline = start + (self._spin_seconds and max(self._spin_seconds, POLL_SECONDS))
+        slice_end = start + SPIN_SLICE_SECONDS
+        statistics = trio.lowlevel.current_statistics
+        looks = 0
+        while True:
+            # None: someone else must run (a reader; with no peer, a task of ours sending
+            # to us); True: frames were taken (which may have woken tasks).
+            took: bool | None = False if peers else None
+            for peer in peers:
+                taken = self._take_waiting(peer)
+                if taken is None:
+                    took = None
+                elif taken and took is False:
+                    took = True
+            if moved() or took is None:
+                return passed
+            now = time.perf_counter()
+            if now >= deadline:
+                return passed
+            looks += 1
+            if (
+                took
+                or not passed
+                or now >= slice_end
+                or (not looks % _LOOKS_PER_QUEUE_CHECK and statistics().tasks_runnable)
+            ):
+                await trio.lowlevel.cancel_shielded_checkpoint()
+                passed = True
+                if moved() or trio.current_effective_deadline() == -math.inf:
+                    return True
+                slice_end = time.perf_counter() + SPIN_SLICE_SECONDS
+            else:
+                os.sched_yield()
+
+    def _take_waiting(self, peer: Peer) -> bool | None:
+        """Take the whole frames that wait on ``peer``'s socket and handle them here, in the
+        calling task, as the reader would have. For a call that polls: its message (or
+        answer) is then handled without waking the reader and then the call, two passes
+        through the scheduler of 10-20 us each here (with the poll of POLL_SECONDS, an
+        8-byte message one way at world 2 on 2 vCPUs went from 174-198 us to 116-126,
+        bench/p2p.py). Only while the reader is
+        :attr:`~._peer.FrameReader.idle`, by a look at the socket that takes nothing
+        (MSG_PEEK), then a read of exactly the whole frames seen, so that what the reader
+        reads next is still the start of a frame. Returns whether it took any; None when
+        only the reader can go on (it is inside a frame, the next frame is DATA or a large
+        EAGER, the connection ended or failed), so the caller should let it run."""
+        fast = peer.fast
+        if fast is None or not fast.can_peek or not peer.reader.idle or peer.error is not None:
+            return None
+        window = self._peek_buffer.view
+        try:
+            got = fast.peek_nowait(self._peek_buffer)
+            if not got:
+                return None if got == 0 else False  # 0: the end; the reader says so
+            taken = 0
+            frames: list[tuple[Frame, int, int]] = []
+            while got - taken >= HEADER.size:
+                frame = decode_header(window[taken : taken + HEADER.size])
+                size = _body_bytes(frame)
+                if frame.type is FrameType.DATA or size > READ_WHOLE_BYTES:
+                    if not frames:
+                        return None
+                    break
+                if got - taken - HEADER.size < size:
+                    break  # the rest is on its way
+                frames.append((frame, taken + HEADER.size, size))
+                taken += HEADER.size + size
+            if not frames:
+                return False
+            read = fast.recv_nowait(window[:taken])
+            if read != taken:  # cannot happen: the bytes were there, and only we read them
+                raise trio.BrokenResourceError(f"read {read} of {taken} bytes seen waiting")
+            self.taken_by_waits += len(frames)
+            for frame, at, size in frames:
+                self._handle(peer, frame, window[at : at + size])
+        except trio.ClosedResourceError:
+            return None
+        except (trio.BrokenResourceError, ProtocolError) as exc:
+            self._reading_failed(peer, exc)  # which stops the reader (Engine._record_failure)
+            return None
+        return True
+
+    def _eager_cost(self, peer: Peer, frame: Frame) -> int:
+        cost = frame.nbytes + MESSAGE_OVERHEAD
+        if peer.held + cost > self._window:
+            raise ProtocolError(f"an eager message of {frame.nbytes} bytes overran its credit")
+        return cost
+
+    def _handle(self, peer: Peer, frame: Frame, body: memoryview) -> None:
+        """Handle a frame that is not DATA, its ``body`` (what follows the header) at hand."""
         ftype = frame.type
         if ftype is FrameType.EAGER or ftype is FrameType.RTS:
-            shape = decode_shape(await reader.read(DIM.size * frame.ndim), frame)
-            guard = 0
-            if frame.offset:
-                (guard,) = DIM.unpack(await reader.read(DIM.size))
-                if peer.pid is None:
-                    raise ProtocolError(
-                        "an RTS with addresses, but the ranks did not agree on cross-memory attach"
-                    )
-                if not guard:
-                    raise ProtocolError(f"an RTS with addresses but no guard ({frame.msg_id})")
-            kind = MessageKind(frame.kind)
-            if ftype is FrameType.EAGER:
-                cost = frame.nbytes + MESSAGE_OVERHEAD
-                if peer.held + cost > self._window:
-                    raise ProtocolError(
-                        f"an eager message of {frame.nbytes} bytes overran its credit"
-                    )
-                payload = np.empty(shape, frame.dtype)
-                if frame.nbytes:
-                    await reader.read_into(payload.reshape(-1).view(np.uint8).data)
-                peer.held += cost
-            elif len(peer.inbound) >= MAX_PENDING_RTS:
-                raise ProtocolError(f"more than {MAX_PENDING_RTS} pending RTS")
-            elif frame.msg_id in peer.inbound:
-                raise ProtocolError(f"a second RTS for message id {frame.msg_id}")
-            message = Message(
-                peer=peer.world,
-                comm_id=frame.comm_id,
-                tag=frame.tag,
-                kind=kind,
-                dtype=frame.dtype,
-                shape=shape,
-                nbytes=frame.nbytes,
-                msg_id=frame.msg_id,
-            )
-            if ftype is FrameType.EAGER:
-                message.payload, message.cost = payload, cost
-            else:
-                message.address, message.guard = frame.offset, guard
-                peer.inbound[frame.msg_id] = message
-            self._arrive(message)
-        elif ftype is FrameType.DATA:
-            await self._data(peer, reader, frame)
+            dims = DIM.size * frame.ndim
+            shape = decode_shape(body[:dims], frame)
+            if ftype is FrameType.RTS:
+                guard = DIM.unpack(body[dims:])[0] if frame.offset else 0
+                self._message(peer, frame, shape, guard, None, 0)
+                return
+            cost = self._eager_cost(peer, frame)
+            payload = np.empty(shape, frame.dtype)
+            if frame.nbytes:
+                payload.reshape(-1).view(np.uint8).data[:] = body[dims:]
+            self._message(peer, frame, shape, 0, payload, cost)
         elif ftype is FrameType.PULL:
             self._committed(peer, frame)
         elif ftype is FrameType.CREDIT:
@@ -130,11 +257,50 @@ class Reading(Engine):
                 restarted.recv.need_cts = True
                 wake(restarted.recv)
         elif ftype is FrameType.LEFT:
-            why = decode_leaving(await reader.read(frame.nbytes), frame)
-            self._peer_left(peer, frame.comm_id, why)
+            self._peer_left(peer, frame.comm_id, decode_leaving(body, frame))
         else:
             assert ftype is FrameType.WITHDRAW
             self._withdrawn(peer, frame.msg_id)
+
+    def _message(
+        self,
+        peer: Peer,
+        frame: Frame,
+        shape: tuple[int, ...],
+        guard: int,
+        payload: np.ndarray | None,
+        cost: int,
+    ) -> None:
+        """An EAGER message (``payload``, costing ``cost`` of credit) or an RTS arrived."""
+        if frame.type is FrameType.RTS:
+            if frame.offset:
+                if peer.pid is None:
+                    raise ProtocolError(
+                        "an RTS with addresses, but the ranks did not agree on cross-memory attach"
+                    )
+                if not guard:
+                    raise ProtocolError(f"an RTS with addresses but no guard ({frame.msg_id})")
+            if len(peer.inbound) >= MAX_PENDING_RTS:
+                raise ProtocolError(f"more than {MAX_PENDING_RTS} pending RTS")
+            if frame.msg_id in peer.inbound:
+                raise ProtocolError(f"a second RTS for message id {frame.msg_id}")
+        message = Message(
+            peer=peer.world,
+            comm_id=frame.comm_id,
+            tag=frame.tag,
+            kind=MessageKind(frame.kind),
+            dtype=frame.dtype,
+            shape=shape,
+            nbytes=frame.nbytes,
+            msg_id=frame.msg_id,
+        )
+        if payload is not None:
+            peer.held += cost
+            message.payload, message.cost = payload, cost
+        else:
+            message.address, message.guard = frame.offset, guard
+            peer.inbound[frame.msg_id] = message
+        self._arrive(message)
 
     def _peer_left(self, peer: Peer, comm_id: int, why: Leaving | None) -> None:
         """LEFT from ``peer``: its calls on the communicator are over. Every message it sent

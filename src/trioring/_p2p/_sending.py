@@ -12,7 +12,7 @@ import trio
 from .._errors import InvalidArgumentError, TrioringError
 from .._onehost._cma import data_address
 from .._wire import DTYPE_CODES
-from ._engine import MESSAGE_OVERHEAD, LinkDown, checked_array
+from ._engine import CMA_EAGER_BYTES, MESSAGE_OVERHEAD, LinkDown, checked_array
 from ._frames import FrameType, MessageKind, pack_control, pack_data, pack_message
 from ._matching import CommState, Message, Scope, SendWait
 from ._reading import Reading
@@ -73,7 +73,8 @@ class Sending(Reading):
             await self._send_self(comm, scope, tag, data, kind, what)
             return
         cost = data.nbytes + MESSAGE_OVERHEAD
-        if data.nbytes <= self._eager_bytes and peer.credit >= cost:
+        eager = self._eager_bytes if peer.pid is None else min(self._eager_bytes, CMA_EAGER_BYTES)
+        if data.nbytes <= eager and peer.credit >= cost:
             header = pack_message(
                 FrameType.EAGER, kind, DTYPE_CODES[data.dtype], data.shape, tag,
                 scope.comm_id, peer.take_id(), data.nbytes, data.size,
@@ -143,11 +144,12 @@ class Sending(Reading):
                 raise self._for_call(exc.base, scope, what, send.seq, peer.world) from None
         finally:
             peer.lock.release()
+        passed = False  # through the scheduler: if not, a schedule point at the end
         try:
             while True:
                 send.abortable = True
                 while not send.cts:
-                    await self._park_send(send)
+                    passed |= await self._park_send(send)
                 offset = 0
                 while True:
                     count = nbytes if guard is not None else min(self._chunk, nbytes - offset)
@@ -174,8 +176,10 @@ class Sending(Reading):
                         # nothing (REJECT), so a cancellation waits for which.
                         send.abortable = False
                         while not (send.done or send.rejected):
-                            await self._park_send(send)
+                            passed |= await self._park_send(send)
                         if send.done:
+                            if not passed:
+                                await trio.lowlevel.cancel_shielded_checkpoint()
                             return
                         break
                 # REJECT: the receiver discards what came; begin again on its next CTS.
@@ -196,10 +200,16 @@ class Sending(Reading):
 
     async def _park_send(
         self, send: SendWait, on_abort: Callable[[], object] | None = None
-    ) -> None:
+    ) -> bool:
         """Wait until the reader (or a failure) wakes ``send``; raise its error if it has one.
-        Cancellation is refused while ``send.abortable`` is false."""
-        if send.error is None:
+        Cancellation is refused while ``send.abortable`` is false. Polls first, as a
+        receive does (Reading._poll): a CTS, PULL's DONE or REJECT comes within a round
+        trip when the receive is waiting. Returns whether it passed through the scheduler."""
+        before = _state(send)
+        passed = False
+        if send.error is None and send.peer != self.rank:
+            passed = await self._poll((send.peer,), lambda: _state(send) != before)
+        if _state(send) == before and send.error is None:
             send.task = trio.lowlevel.current_task()
 
             def abort(_: object) -> trio.lowlevel.Abort:
@@ -211,8 +221,10 @@ class Sending(Reading):
                 return trio.lowlevel.Abort.SUCCEEDED
 
             await trio.lowlevel.wait_task_rescheduled(abort)
+            passed = True
         if send.error is not None and not send.done:
             raise send.error
+        return passed
 
     async def _send_self(
         self,
@@ -262,3 +274,7 @@ class Sending(Reading):
 def _bytes_of(data: np.ndarray) -> memoryview:
     """The bytes of a C-contiguous array, without a copy."""
     return data.reshape(-1).view(np.uint8).data
+
+
+def _state(send: SendWait) -> tuple[bool, bool, bool, bool]:
+    return send.cts, send.done, send.rejected, send.error is not None

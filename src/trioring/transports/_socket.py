@@ -7,8 +7,10 @@ system call. The price is that we translate ``OSError`` ourselves, as ``SocketSt
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
+import socket
 from functools import partial
 from typing import TYPE_CHECKING, TypeVar, final
 
@@ -48,6 +50,33 @@ def advance(views: list[memoryview], sent: int) -> list[memoryview]:
 UNREACHABLE_ERRNOS = frozenset(
     {errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN}
 )
+
+
+def _load_recv() -> Callable[..., int] | None:
+    # recv(2) with MSG_PEEK, which os has no call for: looking at what a socket holds without
+    # taking it (see SocketConnection.peek_nowait).
+    try:
+        function = ctypes.CDLL(None, use_errno=True).recv
+    except (OSError, AttributeError):
+        return None
+    function.restype = ctypes.c_ssize_t
+    function.argtypes = (ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+    recv: Callable[..., int] = function
+    return recv
+
+
+_RECV = _load_recv()
+_PEEK_FLAGS = socket.MSG_PEEK | socket.MSG_DONTWAIT
+
+
+@final
+class PeekBuffer:
+    """Memory that :meth:`SocketConnection.peek_nowait` copies into."""
+
+    def __init__(self, size: int) -> None:
+        self.buffer = bytearray(size)
+        self.view = memoryview(self.buffer)
+        self.address = ctypes.addressof((ctypes.c_char * size).from_buffer(self.buffer))
 
 
 @final
@@ -160,6 +189,27 @@ class SocketConnection(Connection):
             if self._sock.fileno() == -1:
                 raise trio.ClosedResourceError("connection was closed") from None
             raise self._broken("receive", exc) from exc
+
+    #: Whether :meth:`peek_nowait` works here (it needs the C library's recv).
+    can_peek = _RECV is not None
+
+    def peek_nowait(self, into: PeekBuffer) -> int | None:
+        """Copy what the socket holds (up to ``into``'s size) without taking it; the number
+        of bytes, 0 at end of stream, ``None`` if there is nothing. Raises like
+        :meth:`recv_into`; needs :attr:`can_peek`."""
+        assert _RECV is not None
+        if self._fd < 0:
+            raise trio.ClosedResourceError("connection was closed")
+        got = _RECV(self._fd, into.address, len(into.buffer), _PEEK_FLAGS)
+        if got >= 0:
+            return got
+        code = ctypes.get_errno()
+        if code in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EINTR):
+            return None
+        if self._sock.fileno() == -1:
+            raise trio.ClosedResourceError("connection was closed")
+        exc = OSError(code, os.strerror(code))
+        raise self._broken("receive", exc) from exc
 
     async def wait_readable(self, *, check_peer: bool = False) -> None:
         """Park until the socket is readable (a checkpoint). Raises
