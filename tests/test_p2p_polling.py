@@ -64,11 +64,12 @@ async def recv(endpoint: Endpoint, tag: int = 0) -> np.ndarray:
 
 
 @pytest.mark.parametrize("spin", [0.0, POLL], ids=["one-look", "polling"])
-async def test_a_frame_waiting_on_the_socket_is_taken_by_the_receive(spin: float) -> None:
+@pytest.mark.parametrize("n", [10, 5000], ids=["small", "beyond-the-first-peek"])
+async def test_a_frame_waiting_on_the_socket_is_taken_by_the_receive(spin: float, n: int) -> None:
     """A message on the socket when the receive starts is taken by the receive itself, at
     its first look (where polling is off too), which still checkpoints; a frame too large
     to take whole is left to the reader, and the one after it goes in order."""
-    small = np.arange(10, dtype=np.int32)
+    small = np.arange(n, dtype=np.int32)
     large = np.arange(READ_WHOLE_BYTES // 8 + 1, dtype=np.float64)
     async with facing_a_raw_peer(spin=spin) as (endpoint, theirs):
         theirs.sendall(eager_frame(small, 0, 1))

@@ -193,14 +193,14 @@ class SocketConnection(Connection):
     #: Whether :meth:`peek_nowait` works here (it needs the C library's recv).
     can_peek = _RECV is not None
 
-    def peek_nowait(self, into: PeekBuffer) -> int | None:
-        """Copy what the socket holds (up to ``into``'s size) without taking it; the number
-        of bytes, 0 at end of stream, ``None`` if there is nothing. Raises like
-        :meth:`recv_into`; needs :attr:`can_peek`."""
+    def peek_nowait(self, into: PeekBuffer, nbytes: int) -> int | None:
+        """Copy what the socket holds (up to ``nbytes``, at most ``into``'s size) without
+        taking it; the number of bytes, 0 at end of stream, ``None`` if there is nothing.
+        Raises like :meth:`recv_into`; needs :attr:`can_peek`."""
         assert _RECV is not None
         if self._fd < 0:
             raise trio.ClosedResourceError("connection was closed")
-        got = _RECV(self._fd, into.address, len(into.buffer), _PEEK_FLAGS)
+        got = _RECV(self._fd, into.address, min(nbytes, len(into.buffer)), _PEEK_FLAGS)
         if got >= 0:
             return got
         code = ctypes.get_errno()
