@@ -36,7 +36,7 @@ def exchanged(n: int, k: int, source: int) -> np.ndarray:
 
 #: The ping-pong's message sizes (bench/p2p.py): around trioring's eager limit and chunk
 #: (1 MiB).
-P2P_SIZES = [8, 1024, 64 * 1024, 1024 * 1024, 1024 * 1024 + 8, 16 * 1024 * 1024]
+P2P_SIZES = [8, 1024, 64 * 1024, 256 * 1024, 1024 * 1024, 1024 * 1024 + 8, 16 * 1024 * 1024]
 
 
 def p2p_inner(size: int) -> int:

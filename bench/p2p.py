@@ -6,7 +6,8 @@ For each size, rank 0 sends and rank 1 sends back, 20 times per round (5 above 1
 the median over ROUNDS (default 15) of half a round trip, the bandwidth that makes, and the
 p10-p90 spread, then ``P2P-RESULTS <json>`` (each size's median, in seconds) for
 bench/p2p_compare.py, which runs the same ping-pong through Gloo and Open MPI beside it.
-Sizes straddle the eager limit and the chunk (1 MiB). Every echo is checked.
+Sizes straddle the eager limits (1 MiB; 256 KiB on one host with "cma") and the chunk
+(1 MiB). Every echo is checked.
 """
 
 from __future__ import annotations

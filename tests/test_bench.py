@@ -129,7 +129,7 @@ def test_p2p_script_runs() -> None:
     stdout = _run_bench_script("p2p.py", 2, "2")
     line = next(row for row in stdout.splitlines() if "P2P-RESULTS " in row)
     medians = json.loads(line.split("P2P-RESULTS ", 1)[1])
-    sizes = [8, 1024, 64 * 1024, 1024**2, 1024**2 + 8, 16 * 1024**2]
+    sizes = [8, 1024, 64 * 1024, 256 * 1024, 1024**2, 1024**2 + 8, 16 * 1024**2]
     assert [int(size) for size in medians] == sizes, medians
     assert all(seconds > 0 for seconds in medians.values()), medians
 

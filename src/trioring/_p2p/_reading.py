@@ -51,8 +51,9 @@ _PULL_STEP_BYTES = 4 * 1024 * 1024
 #: parks is woken through the event loop and the reader. Ping-pong at world 2 on 2 vCPUs,
 #: one way, polling this long against 50 us (bench/p2p.py, three launches each): 8 bytes
 #: 122-131 us against 181-199, 64 KiB 179-185 against 218-235. The cost where ranks
-#: outnumber cores: a ring of 1 MiB messages at world 3 took 2479-2634 us per step against
-#: 2304-2377 (8 bytes: 395-413 against 428-623).
+#: outnumber cores: a ring of 1 MiB eager messages at world 3 took 2479-2634 us per step
+#: against 2304-2377 (8 bytes: 395-413 against 428-623); 1 MiB now goes by cross-memory
+#: attach there (CMA_EAGER_BYTES), 1.7-1.8 ms.
 POLL_SECONDS = 0.001
 #: A poll asks Trio whether other tasks wait to run every this many looks, not at each: the
 #: question (5.4 us here) costs more than a look (a peek at a socket, 2.9 us, and a yield of
