@@ -28,14 +28,15 @@ So what one peer can make us buffer is bounded by ``window_bytes`` plus a header
 RTS (at most ``MAX_PENDING_RTS``; beyond that the peer is broken: ProtocolError).
 
 Readers (one task per connection) never write: a reader that waited for a write could
-deadlock two ranks that both write. A receive or a rendezvous send that waits first polls
-(``spin_seconds``, at least ``POLL_SECONDS`` where polling is on): it looks at its peers'
-sockets itself and takes the whole frames waiting there, as the reader would, while the
-reader is between frames (so the reader still reads from the start of a frame), sparing the
-passes through the scheduler that wake the reader and then the waiting task. Frames are written by the calling tasks, one frame at a
+deadlock two ranks that both write. Frames are written by the calling tasks, one frame at a
 time under the connection's FIFO lock, each write shielded from cancellation (it ends: the
 peer's reader always drains, and a dead peer makes it fail). DATA frames of concurrent sends
-to one peer interleave chunk by chunk, told apart by their message id.
+to one peer interleave chunk by chunk, told apart by their message id. A receive or a
+rendezvous send that waits polls first (``spin_seconds``, at least ``POLL_SECONDS`` where
+polling is on): it looks at its peers' sockets itself and takes the whole frames waiting
+there, as the reader would, while the reader is between frames (so the reader still reads
+from the start of a frame), sparing the passes through the scheduler that wake the reader
+and then the waiting task.
 
 Ordering: messages from one (source, dest, tag) of one communicator are non-overtaking; a
 receive takes the earliest unmatched message from its source (any member for

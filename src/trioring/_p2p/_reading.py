@@ -134,9 +134,12 @@ class Reading(Engine):
         scheduler (the schedule point the call owes) comes right after the first look, while
         the peer is still busy, and the reader and the other tasks of this program run at the
         next ones, as soon as one has work and at least every ``SPIN_SLICE_SECONDS``. Polls
-        for ``spin_seconds`` (at least ``POLL_SECONDS``); looks once where polling is off.
-        The passes are shielded; a cancellation ends the poll at the next one, and the
-        caller's wait takes it. Returns whether it passed through the scheduler."""
+        for ``spin_seconds`` (at least ``POLL_SECONDS``); looks once where polling is off;
+        stops at once where a peer's reader must go on (inside a frame, or at a large one:
+        the message then costs more than the wake-up), or where no peer can answer (a send
+        to ourselves). The passes are shielded; a cancellation ends the poll at the next
+        one, and the caller's wait takes it. Returns whether it passed through the
+        scheduler."""
         peers = [peer for world in worlds if (peer := self._peers.get(world)) is not None]
         passed = False
         start = time.perf_counter()

@@ -203,8 +203,9 @@ class Sending(Reading):
     ) -> bool:
         """Wait until the reader (or a failure) wakes ``send``; raise its error if it has one.
         Cancellation is refused while ``send.abortable`` is false. Polls first, as a
-        receive does (Reading._poll): a CTS, PULL's DONE or REJECT comes within a round
-        trip when the receive is waiting. Returns whether it passed through the scheduler."""
+        receive does (Reading._poll): the CTS, and the DONE or REJECT, come within a round
+        trip and a copy when the receive is waiting. Returns whether it passed through the
+        scheduler."""
         before = _state(send)
         passed = False
         if send.error is None and send.peer != self.rank:
