@@ -114,6 +114,13 @@ class World:
     async def send(self, src: int, dest: int, tag: int, array: np.ndarray, **kw: object) -> None:
         await self.endpoints[src].send(self.scopes[src], dest, tag, array, **kw)  # type: ignore[arg-type]
 
+    async def send_then_set(
+        self, sent: trio.Event, src: int, dest: int, tag: int, array: np.ndarray
+    ) -> None:
+        """:meth:`send`, then set ``sent``: for tests that watch when a send returns."""
+        await self.send(src, dest, tag, array)
+        sent.set()
+
     async def recv(
         self, dst: int, source: int | None, tag: int, out: np.ndarray | None = None, **kw: object
     ) -> tuple[int, np.ndarray]:
@@ -633,6 +640,17 @@ def _gate_receiver(
     return wrap
 
 
+async def received_again_whole(w: World, data: np.ndarray, sent: trio.Event) -> None:
+    """After rank 1's receive of ``data`` from rank 0 REJECTed it: the send waits for a new
+    CTS, and the next receive gets the message whole, into its own ``out``."""
+    await trio.testing.wait_all_tasks_blocked()
+    assert not sent.is_set()
+    fresh = np.zeros_like(data)
+    _, got = await w.recv(1, 0, 0, fresh)
+    assert got is fresh
+    np.testing.assert_array_equal(fresh, data)
+
+
 async def test_recv_cancelled_mid_transfer_rejects(autojump_clock: trio.abc.Clock) -> None:
     """A receive cancelled while its rendezvous data arrives: REJECT, and the message is
     delivered whole to the next receive; the send returns once, delivered."""
@@ -643,25 +661,15 @@ async def test_recv_cancelled_mid_transfer_rejects(autojump_clock: trio.abc.Cloc
         rts = HEADER.size + 8
         gate.allow(rts + 3 * (HEADER.size + 1000) + 500)  # RTS, 3.5 chunks
         sent = trio.Event()
-
-        async def send() -> None:
-            await w.send(0, 1, 0, data)
-            sent.set()
-
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(send)
+            nursery.start_soon(w.send_then_set, sent, 0, 1, 0, data)
             out = np.zeros(1000)
             with trio.move_on_after(5):
                 await w.recv(1, 0, 0, out)
             assert not sent.is_set()
             assert (out[:100] == data[:100]).all()  # out was partly written (documented)
             gate.allow(None)
-            await trio.testing.wait_all_tasks_blocked()
-            assert not sent.is_set()  # rejected: the sender waits for a new CTS
-            fresh = np.zeros(1000)
-            _, got = await w.recv(1, 0, 0, fresh)
-            assert got is fresh
-            np.testing.assert_array_equal(fresh, data)
+            await received_again_whole(w, data, sent)
         assert sent.is_set()
 
 
@@ -822,13 +830,8 @@ async def test_pull_receive_cancelled_between_steps_rejects(
     data = sample((1000,)) + 1.0  # 8000 bytes, 8 steps; no zero anywhere
     async with open_world(2, eager_bytes=0, pull=True) as w:
         sent = trio.Event()
-
-        async def send() -> None:
-            await w.send(0, 1, 0, data)
-            sent.set()
-
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(send)
+            nursery.start_soon(w.send_then_set, sent, 0, 1, 0, data)
             out = np.zeros(1000)
             with trio.CancelScope() as scope:
 
@@ -842,12 +845,7 @@ async def test_pull_receive_cancelled_between_steps_rejects(
             assert scope.cancelled_caught
             assert out[0] == data[0]
             assert not out[-1]  # it stopped copying
-            await trio.testing.wait_all_tasks_blocked()
-            assert not sent.is_set()  # rejected: the sender waits for a new CTS
-            fresh = np.zeros(1000)
-            _, got = await w.recv(1, 0, 0, fresh)
-            assert got is fresh
-            np.testing.assert_array_equal(fresh, data)
+            await received_again_whole(w, data, sent)
         assert sent.is_set()
 
 

@@ -38,12 +38,15 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import trio
 
 import trioring
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
 
 
 def outcome(exc: BaseException | None, started: float) -> dict[str, Any]:
@@ -172,39 +175,55 @@ def expected(source: int, i: int, dtype: str, count: int) -> np.ndarray:
     return ((np.arange(count) * (source + 3) + i) % 101).astype(dtype)
 
 
-async def pull(comm: trioring.Communicator, report: dict[str, Any]) -> None:
-    pulls = count_pulls()
+async def _pull_ring(
+    comm: trioring.Communicator,
+    send: Callable[[np.ndarray, int, int], Awaitable[object]],
+    recv: Callable[[int, int], Awaitable[np.ndarray]],
+) -> list[int]:
+    """Each rank sends PULL_MESSAGES to the next rank, ``send(array, dest, i)``, and zeroes
+    each array as soon as its send returns (the receiver must have had all of it), while it
+    receives the previous rank's, ``recv(source, i)``; then a barrier. Returns the indices
+    of the messages that arrived wrong."""
     r, n = comm.rank, comm.world_size
     wrong: list[int] = []
 
-    async def send() -> None:
+    async def sending() -> None:
         for i, (dtype, count) in enumerate(PULL_MESSAGES):
             array = expected(r, i, dtype, count)
-            await comm.send(array, dest=(r + 1) % n, tag=i)
-            array[:] = 0  # at once: the receiver must have had all of it
+            await send(array, (r + 1) % n, i)
+            array[:] = 0
 
-    async def receive() -> None:
+    async def receiving() -> None:
         for i, (dtype, count) in enumerate(PULL_MESSAGES):
-            got = await comm.recv(source=(r - 1) % n, tag=i)
+            got = await recv((r - 1) % n, i)
             if not np.array_equal(got, expected((r - 1) % n, i, dtype, count)):
                 wrong.append(i)
 
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(send)
-        nursery.start_soon(receive)
+        nursery.start_soon(sending)
+        nursery.start_soon(receiving)
     await comm.barrier()
+    return wrong
+
+
+async def pull(comm: trioring.Communicator, report: dict[str, Any]) -> None:
+    pulls = count_pulls()
+    wrong = await _pull_ring(
+        comm,
+        lambda array, dest, i: comm.send(array, dest=dest, tag=i),
+        lambda source, i: comm.recv(source=source, tag=i),
+    )
     report.update(
         features=sorted(comm.features), pulls=pulls[0], wrong=wrong, messages=len(PULL_MESSAGES)
     )
 
 
 async def pull_cancel(comm: trioring.Communicator, seed: int, report: dict[str, Any]) -> None:
-    r, n = comm.rank, comm.world_size
-    rng = np.random.default_rng(seed * 100 + r)
-    wrong: list[int] = []
+    rng = np.random.default_rng(seed * 100 + comm.rank)
     cancelled = {"send": 0, "recv": 0}
+    out = np.empty(max(count for _, count in PULL_MESSAGES) * 8, np.uint8)
 
-    async def tried(name: str, call: Any) -> Any:
+    async def tried(name: str, call: Callable[[], Awaitable[Any]]) -> Any:
         for attempt in range(1, 201):
             deadline = math.inf if attempt % 4 == 0 else float(rng.uniform(0, 0.003))
             with trio.move_on_after(deadline):
@@ -212,24 +231,15 @@ async def pull_cancel(comm: trioring.Communicator, seed: int, report: dict[str, 
             cancelled[name] += 1
         raise AssertionError(f"{name} cancelled 200 times")
 
-    async def send() -> None:
-        for i, (dtype, count) in enumerate(PULL_MESSAGES):
-            array = expected(r, i, dtype, count)
-            await tried("send", lambda: comm.send(array, dest=(r + 1) % n))  # noqa: B023
-            array[:] = 0
+    def into(i: int) -> np.ndarray:
+        dtype, count = PULL_MESSAGES[i]
+        return out[: count * np.dtype(dtype).itemsize].view(dtype)
 
-    async def receive() -> None:
-        out = np.empty(max(count for _, count in PULL_MESSAGES) * 8, np.uint8)
-        for i, (dtype, count) in enumerate(PULL_MESSAGES):
-            into = out[: count * np.dtype(dtype).itemsize].view(dtype)
-            got = await tried("recv", lambda: comm.recv(source=(r - 1) % n, out=into))  # noqa: B023
-            if not np.array_equal(got, expected((r - 1) % n, i, dtype, count)):
-                wrong.append(i)
-
-    async with trio.open_nursery() as nursery:
-        nursery.start_soon(send)
-        nursery.start_soon(receive)
-    await comm.barrier()
+    wrong = await _pull_ring(
+        comm,
+        lambda array, dest, _: tried("send", lambda: comm.send(array, dest=dest)),
+        lambda source, i: tried("recv", lambda: comm.recv(source=source, out=into(i))),
+    )
     report.update(features=sorted(comm.features), wrong=wrong, cancelled=cancelled)
 
 
