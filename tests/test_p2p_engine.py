@@ -26,7 +26,7 @@ from trioring._errors import (
     ProtocolError,
     TrioringError,
 )
-from trioring._p2p import TAG_BOUND, Endpoint, MessageKind, Scope, _reading
+from trioring._p2p import CMA_EAGER_BYTES, TAG_BOUND, Endpoint, MessageKind, Scope, _reading
 from trioring._p2p._frames import HEADER
 from trioring._p2p._peer import _READS_PER_YIELD, FrameReader
 from trioring._p2p._reading import Reading
@@ -978,6 +978,22 @@ async def test_pull_where_cross_memory_attach_was_not_agreed_is_a_protocol_error
         nursery.start_soon(send)
         with pytest.raises(ProtocolError, match="did not agree on cross-memory attach"):
             await w.recv(1, 0, 0)
+
+
+@pytest.mark.parametrize("crowded", [False, True], ids=["a-cpu-each", "crowded"])
+async def test_eager_limit_between_cross_memory_ranks(crowded: bool) -> None:
+    """Between ranks that agreed on cross-memory attach, a message above CMA_EAGER_BYTES
+    goes eagerly (its send returns before any receive) where each rank has a CPU, and by
+    rendezvous (its send waits for the receive) where ranks outnumber their CPUs."""
+    data = sample(((CMA_EAGER_BYTES + 8) // 8,))
+    async with open_world(2, PAIRS["socket"], pull=True, crowded=crowded) as w:
+        sent = trio.Event()
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(w.send_then_set, sent, 0, 1, 0, data)
+            await trio.testing.wait_all_tasks_blocked()
+            assert sent.is_set() is not crowded
+            _, got = await w.recv(1, 0, 0)
+        np.testing.assert_array_equal(got, data)
 
 
 # -- failures -----------------------------------------------------------------------------

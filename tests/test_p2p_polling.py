@@ -15,7 +15,7 @@ import pytest
 import trio
 import trio.testing
 
-from trioring._errors import PeerFailedError, ProtocolError
+from trioring._errors import InvalidArgumentError, PeerFailedError, ProtocolError
 from trioring._p2p import Endpoint, MessageKind, Scope
 from trioring._p2p._frames import HEADER, FrameType, pack_message
 from trioring._p2p._peer import READ_WHOLE_BYTES
@@ -67,8 +67,8 @@ async def recv(endpoint: Endpoint, tag: int = 0) -> np.ndarray:
 @pytest.mark.parametrize("n", [10, 5000], ids=["small", "beyond-the-first-peek"])
 async def test_a_frame_waiting_on_the_socket_is_taken_by_the_receive(spin: float, n: int) -> None:
     """A message on the socket when the receive starts is taken by the receive itself, at
-    its first look (where polling is off too), which still checkpoints; a frame too large
-    to take whole is left to the reader, and the one after it goes in order."""
+    its first look (where polling is off too), which still checkpoints; so is a large one
+    waiting whole, and the one after it, in order."""
     small = np.arange(n, dtype=np.int32)
     large = np.arange(READ_WHOLE_BYTES // 8 + 1, dtype=np.float64)
     async with facing_a_raw_peer(spin=spin) as (endpoint, theirs):
@@ -77,30 +77,92 @@ async def test_a_frame_waiting_on_the_socket_is_taken_by_the_receive(spin: float
             np.testing.assert_array_equal(await recv(endpoint), small)
         assert endpoint.taken_by_waits == 1
         theirs.sendall(eager_frame(large, 0, 2) + eager_frame(small + 1, 0, 3))
-        np.testing.assert_array_equal(await recv(endpoint), large)
+        with trio.testing.assert_checkpoints():
+            np.testing.assert_array_equal(await recv(endpoint), large)
+        assert endpoint.taken_by_waits >= 2
         np.testing.assert_array_equal(await recv(endpoint), small + 1)
-        assert endpoint.taken_by_waits in (1, 2)  # the last: the reader's or the receive's
+        assert endpoint.taken_by_waits in (2, 3)  # the last: the reader's or the receive's
 
 
-async def test_a_frame_partly_there_is_left_to_the_reader() -> None:
-    """A receive that finds a whole frame and the start of the next takes the whole one
-    only: the rest stays on the socket, and the reader reads that frame whole."""
-    first, second = np.arange(6, dtype=np.int64), np.arange(9, dtype=np.uint16)
-    frame = eager_frame(second, 0, 2)
-    for cut in (30, HEADER.size + 4, len(frame) - 1):
-        async with facing_a_raw_peer(spin=0.0) as (endpoint, theirs):
-            theirs.sendall(eager_frame(first, 0, 1) + frame[:cut])
-            np.testing.assert_array_equal(await recv(endpoint), first)
-            assert endpoint.taken_by_waits == 1
+@pytest.mark.parametrize("spin", [0.0, POLL], ids=["one-look", "polling"])
+async def test_a_large_message_waiting_whole_lands_in_out(spin: float) -> None:
+    """A large EAGER message waiting whole on the socket is read by the receive straight
+    into its ``out`` (the result is ``out``, or its view in the message's shape); without
+    ``out`` into a new array; one for another tag stays queued, in its own array, and the
+    receive's ``out`` stays untouched until its own message."""
+    # (Each write fits the socket's buffer: the test writes with blocking calls.)
+    large = np.arange(2 * (READ_WHOLE_BYTES // 16), dtype=np.float64).reshape(2, -1)
+    async with facing_a_raw_peer(spin=spin) as (endpoint, theirs):
+        out = np.zeros(large.size + 5)
+        theirs.sendall(eager_frame(large, 0, 1))
+        _, got = await endpoint.recv(Scope(COMM, 0, (0, 1)), 1, 0, out)
+        assert got.shape == large.shape
+        assert np.shares_memory(got, out)
+        np.testing.assert_array_equal(got, large)
+        assert not out[large.size :].any()
+        theirs.sendall(eager_frame(large + 1, 0, 2))
+        np.testing.assert_array_equal(await recv(endpoint), large + 1)
+        assert endpoint.taken_by_waits == 2
 
-            async def second_one() -> None:
-                np.testing.assert_array_equal(await recv(endpoint), second)
+        out = np.zeros_like(large)
 
-            async with trio.open_nursery() as nursery:
-                nursery.start_soon(second_one)
-                await trio.testing.wait_all_tasks_blocked()
-                theirs.sendall(frame[cut:])
-            assert endpoint.taken_by_waits == 1
+        async def receive_tag_0() -> None:
+            _, got = await endpoint.recv(Scope(COMM, 0, (0, 1)), 1, 0, out)
+            assert got is out
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(receive_tag_0)
+            await trio.testing.wait_all_tasks_blocked()
+            theirs.sendall(eager_frame(large + 2, 7, 3))  # for no posted receive
+            await trio.testing.wait_all_tasks_blocked()
+            assert not out.any()
+            np.testing.assert_array_equal(await recv(endpoint, 7), large + 2)
+            theirs.sendall(eager_frame(large + 3, 0, 4))
+        np.testing.assert_array_equal(out, large + 3)
+
+
+async def test_a_large_message_that_does_not_fit_out_stays_queued() -> None:
+    """A large message waiting whole for a receive whose ``out`` does not fit it: the
+    receive raises, nothing lands in that ``out``, and the message stays queued whole."""
+    large = np.arange(READ_WHOLE_BYTES // 4 + 1, dtype=np.int32)
+    async with facing_a_raw_peer() as (endpoint, theirs):
+        theirs.sendall(eager_frame(large, 0, 1))
+        wrong = np.zeros(large.size, np.float32)
+        with pytest.raises(InvalidArgumentError, match="out is float32"):
+            await endpoint.recv(Scope(COMM, 0, (0, 1)), 1, 0, wrong)
+        assert not wrong.any()
+        right = np.zeros_like(large)
+        _, got = await endpoint.recv(Scope(COMM, 0, (0, 1)), 1, 0, right)
+        assert got is right
+        np.testing.assert_array_equal(right, large)
+
+
+async def test_a_large_frame_that_stops_filling_is_left_to_the_reader() -> None:
+    """A look that finds part of a large frame waits for the rest while it keeps coming,
+    and leaves the frame to the reader once it stops (a writer that stalls, or a socket
+    that cannot hold it whole): the poll then parks instead of looking on. (The looks are
+    made by hand, before the reader, woken by the bytes, can run.)"""
+    large = np.arange(READ_WHOLE_BYTES // 8 + 100, dtype=np.float64)
+    frame = eager_frame(large, 0, 1)
+    async with facing_a_raw_peer() as (endpoint, theirs):
+        peer = endpoint._peers[1]
+        theirs.sendall(frame[: len(frame) // 3])
+        assert endpoint._take_waiting(peer) is False  # it is coming: look again
+        theirs.sendall(frame[len(frame) // 3 : len(frame) // 2])
+        assert endpoint._take_waiting(peer) is False
+        assert endpoint._take_waiting(peer) is None  # it stopped: the reader's
+        await trio.testing.wait_all_tasks_blocked()  # the reader, inside the frame
+        assert endpoint._take_waiting(peer) is None
+        theirs.sendall(frame[len(frame) // 2 :])
+        np.testing.assert_array_equal(await recv(endpoint), large)
+        assert endpoint.taken_by_waits == 0
+
+        theirs.sendall(frame[: HEADER.size])
+        assert endpoint._take_waiting(peer) is False
+        theirs.sendall(frame[HEADER.size :])
+        assert endpoint._take_waiting(peer) is True  # whole: taken, and queued
+        np.testing.assert_array_equal(await recv(endpoint), large)
+        assert endpoint.taken_by_waits == 1
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3, 4])

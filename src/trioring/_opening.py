@@ -45,13 +45,14 @@ async def create_communicator(
     peer_pids: dict[int, int] | None = None
     shm: SharedSlots | None = None
     spin = config.spin_seconds
+    crowded = False
 
     async def agree(links: dict[int, Link]) -> None:
         # Runs inside connect_world's set-up, so that a rank failing here (or dying) aborts
         # every rank's open_communicator, not only its neighbours'.
-        nonlocal peer_pids, shm, spin
+        nonlocal peer_pids, shm, spin, crowded
         try:
-            spin, peer_pids, shm = await onehost_agree.agree_on_paths(config, links)
+            spin, peer_pids, shm, crowded = await onehost_agree.agree_on_paths(config, links)
         except CollectiveError as exc:
             raise RendezvousError(
                 f"rank {config.rank}: rendezvous failed while agreeing on capabilities: "
@@ -82,6 +83,7 @@ async def create_communicator(
             job_id=config.credentials.job_id or None,
             spin_seconds=spin,
             peer_pids=peer_pids,
+            crowded=crowded,
         ),
     )
     try:

@@ -151,7 +151,7 @@ class GroupMethods(CommunicatorCore):
         shm: SharedSlots | None = None
         try:
             local = attrs.evolve(config, rank=rank, world_size=len(ranks))
-            _, pids, shm = await _agree.agree_on_paths(local, links)
+            _, pids, shm, _ = await _agree.agree_on_paths(local, links)
             child = type(self)._create(  # type: ignore[attr-defined]
                 rank=rank,
                 world_size=len(ranks),

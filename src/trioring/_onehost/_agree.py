@@ -28,23 +28,26 @@ __all__ = ["agree_on_cma", "agree_on_paths", "agree_on_shm"]
 
 async def agree_on_paths(
     config: Config, links: dict[int, Link]
-) -> tuple[float, dict[int, int] | None, _shm.SharedSlots | None]:
+) -> tuple[float, dict[int, int] | None, _shm.SharedSlots | None, bool]:
     """Set up how a communicator of ``config.world_size`` ranks (this one ``config.rank``)
     waits and what its one-host paths are: the poll its waits use, set on every link (see
     :func:`~._cpus.spin_for`); over Unix sockets, both agreements, the peers' pids if
     cross-memory attach is on (else None) and the mapped segment if the shared segment is
-    (else None). Nothing may read ahead on the links meanwhile: the segment's frame is read
-    straight off the socket. On failure nothing is left open."""
+    (else None); and whether this rank shares its CPUs with more ranks than they number
+    (:meth:`~._cpus.Cpus.oversubscribed`; this rank's view, not agreed). Nothing may read
+    ahead on the links meanwhile: the segment's frame is read straight off the socket. On
+    failure nothing is left open."""
     one_host = config.transport == "unix" and config.world_size > 1
     cpus = cpus_of(links.values() if one_host else None)
     spin = spin_for(config, cpus)
     for link in links.values():
         link.spin_seconds = spin
+    crowded = cpus.oversubscribed(config.world_size)
     if not one_host:
-        return spin, None, None
+        return spin, None, None, crowded
     config = attrs.evolve(config, spin_seconds=spin)
     pids = await agree_on_cma(config, links)
-    return spin, pids, await agree_on_shm(config, links, cpus)
+    return spin, pids, await agree_on_shm(config, links, cpus), crowded
 
 
 _OFFER = struct.Struct("<QQQ")  # offered (0/1), address of our cookie, the cookie's value

@@ -21,8 +21,9 @@ reused) and the guard still holds the msg id: a send that gives up (cancelled be
 PULL, its communicator or endpoint closed under it) zeroes its guard before it returns, so
 a copy that may be torn is forgotten, as if withdrawn (x86-64 only, whose stores other
 processes see in program order).
-Between such ranks the eager limit is at most ``CMA_EAGER_BYTES``: above it, that one copy
-costs less than two through the socket.
+Between such ranks, where ranks outnumber the CPUs they share (``crowded``), the eager limit
+is at most ``CMA_EAGER_BYTES``: above it, that one copy costs less than two through the
+socket there.
 
 So what one peer can make us buffer is bounded by ``window_bytes`` plus a header per pending
 RTS (at most ``MAX_PENDING_RTS``; beyond that the peer is broken: ProtocolError).
@@ -80,6 +81,7 @@ from .._errors import InvalidArgumentError, TrioringError
 from .._onehost import _cma
 from ._engine import (
     CHUNK_BYTES,
+    CMA_EAGER_BYTES,
     EAGER_BYTES,
     WINDOW_BYTES,
     LinkDown,
@@ -115,7 +117,8 @@ class Endpoint(Sending):
     pid, from the kernel) is given where every pair of ranks agreed on cross-memory attach:
     rendezvous messages then go by cross-memory attach (the receiver copies them out of the
     sender's memory), and an RTS with addresses from a peer without a pid is a protocol
-    error.
+    error; ``crowded``: this rank shares its CPUs with more ranks than they number (see
+    ``CMA_EAGER_BYTES``).
 
     Ranks in calls and results are communicator ranks (``scope.members`` maps them to world
     ranks).
@@ -132,6 +135,7 @@ class Endpoint(Sending):
         chunk_bytes: int = CHUNK_BYTES,
         spin_seconds: float = 0.0,
         peer_pids: Mapping[int, int] | None = None,
+        crowded: bool = False,
     ) -> None:
         super().__init__(
             rank=rank,
@@ -142,6 +146,8 @@ class Endpoint(Sending):
             chunk_bytes=chunk_bytes,
             spin_seconds=spin_seconds,
         )
+        if crowded:
+            self._cma_eager_bytes = min(eager_bytes, CMA_EAGER_BYTES)
         if _cma.STORES_IN_ORDER:  # else a guard word cannot be trusted
             for world, pid in (peer_pids or {}).items():
                 self._peers[world].pid = pid

@@ -45,12 +45,15 @@ if TYPE_CHECKING:
 #: (bench/p2p.py; Gloo's 1 MiB: 472 us, bench/p2p_compare.py).
 EAGER_BYTES = 1024 * 1024
 #: The same between ranks that copy rendezvous messages out of each other's memory (cross-
-#: memory attach agreed, Peer.pid): from there one copy straight into the receive's array
-#: beats two through the socket and a buffer. Ping-pong at world 2 on 2 vCPUs, one way, us,
-#: this limit against 1 MiB (bench/p2p.py, alternating launches): 64 KiB + 8 bytes 260-274
-#: against 164-172 eagerly, 128 KiB and 256 KiB a wash (266-337 against 278-316), 512 KiB
-#: 322-329 against 347-373, 1 MiB 380-411 against 501-506.
-CMA_EAGER_BYTES = 256 * 1024
+#: memory attach agreed, Peer.pid) where ranks outnumber the CPUs they share (crowded): there
+#: one copy straight into the receive's array beats two through the socket. A receive that
+#: polls reads an eager message straight into its array too once all of it waits on the
+#: socket (Reading._take_large), which pays where each rank has a CPU: ping-pong at world 2
+#: on 2 vCPUs, one way, us, eagerly against by cross-memory attach (bench/p2p.py, three
+#: alternating launches): 512 KiB 141-151 against 146-152, 768 KiB 194-204 against 230-242,
+#: 1 MiB 281-284 against 297-307. A ring at worlds 3 and 4 on 2 vCPUs, per step: 512 KiB
+#: 790-972 against 989-1113, 1 MiB 1349-1537 against 1202-1334.
+CMA_EAGER_BYTES = 512 * 1024
 #: Eager credit per peer and direction: what one peer can make us buffer. 4 MiB holds 4
 #: full eager messages (or 16384 tiny ones), enough that a sender of small messages rarely
 #: waits for a receive to start, at 4 MiB of memory per peer at most.
@@ -111,6 +114,8 @@ class Engine:
         self.rank = rank
         self.job_id = job_id
         self._eager_bytes = eager_bytes
+        #: The eager limit towards a peer with a pid (see CMA_EAGER_BYTES; Endpoint sets it).
+        self._cma_eager_bytes = eager_bytes
         self._window = window_bytes
         self._chunk = chunk_bytes
         #: How long a wait polls before it parks (TRIORING_SPIN_US; see Reading._poll).
@@ -536,7 +541,8 @@ class Engine:
                 recv.result = message.payload
             else:
                 recv.result, target = self._target(message, recv)
-                target[:] = message.payload.reshape(-1).view(np.uint8)
+                if not message.landed:
+                    target[:] = message.payload.reshape(-1).view(np.uint8)
             recv.done = True
             comm.recvs.discard(recv)
         elif message.local is not None:
@@ -564,6 +570,7 @@ class Engine:
             comm.recvs.discard(recv)
             recv.error = error
             wake(recv)
+        assert not message.landed, "a message read into a receive's out went unbound"
         comm.insert(message)
 
     def _rematch(self, comm: CommState, recv: PostedRecv) -> None:
@@ -580,6 +587,19 @@ class Engine:
             return
         comm.remove(message)
         self._bind(comm, message, recv)
+
+    def _landing(self, message: Message) -> PostedRecv | None:
+        """The receive with an ``out`` that ``message`` (an EAGER from a peer, not arrived
+        yet) is bound to if it arrives now, where its payload may be read straight into;
+        None if there is none (or it would raise: the message then arrives as usual)."""
+        comm = self._comms.get(message.comm_id)
+        if comm is None or comm.scope is None or message.peer not in comm.rank_of:
+            return None
+        for recv in comm.posted_for(message):  # the first is the one _offer binds
+            if recv.out is not None and self._mismatch(message, recv) is None:
+                return recv
+            break
+        return None
 
     def _arrive(self, message: Message) -> None:
         """A new message: adopt it into its communicator (made on the fly if unknown)."""

@@ -59,6 +59,7 @@ class Message:
         "dtype",
         "guard",
         "kind",
+        "landed",
         "local",
         "msg_id",
         "nbytes",
@@ -103,6 +104,9 @@ class Message:
         self.payload = payload
         #: Eager: the credit it holds (payload plus the fixed per-message overhead).
         self.cost = cost
+        #: Eager: the payload was read straight into the ``out`` of the receive it arrives
+        #: for (Reading._take_large), so binding copies nothing.
+        self.landed = False
         #: A large send to this very rank: the sender's bytes (flat uint8), copied by the
         #: receive that matches it; ``self_send`` is the waiting sender.
         self.local = local

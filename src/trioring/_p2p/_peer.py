@@ -16,7 +16,8 @@ if TYPE_CHECKING:
 
 #: Frames with up to this many bytes after their header (64 KiB of payload and the largest
 #: shape) are read whole into the reader's buffer, or taken whole by a waiting receive
-#: (Reading._take_waiting); larger payloads land straight in their target (see read_into).
+#: (Reading._take_waiting); larger payloads land straight in their target (see read_into),
+#: or a waiting receive reads them there once they wait whole (Reading._take_large).
 READ_WHOLE_BYTES = 64 * 1024 + 512
 #: What the reader asks the connection for at once (a whole frame of READ_WHOLE_BYTES and
 #: more): a header and a small payload usually arrive in one read.
@@ -85,6 +86,9 @@ class Peer:
         self.detail = ""
         #: The reader's cancel scope: cancelled to stop reading a peer that broke the rules.
         self.reader_scope = trio.CancelScope()
+        #: The bytes that a poll last saw waiting on the socket while a large EAGER frame
+        #: streamed in (Reading._take_large); 0 otherwise.
+        self.seen_waiting = 0
         #: The connection's reader (the reader task's; see FrameReader.idle).
         self.reader = FrameReader(connection)
 

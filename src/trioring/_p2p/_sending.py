@@ -12,7 +12,7 @@ import trio
 from .._errors import InvalidArgumentError, TrioringError
 from .._onehost._cma import data_address
 from .._wire import DTYPE_CODES
-from ._engine import CMA_EAGER_BYTES, MESSAGE_OVERHEAD, LinkDown, checked_array
+from ._engine import MESSAGE_OVERHEAD, LinkDown, checked_array
 from ._frames import FrameType, MessageKind, pack_control, pack_data, pack_message
 from ._matching import CommState, Message, Scope, SendWait
 from ._reading import Reading
@@ -73,7 +73,7 @@ class Sending(Reading):
             await self._send_self(comm, scope, tag, data, kind, what)
             return
         cost = data.nbytes + MESSAGE_OVERHEAD
-        eager = self._eager_bytes if peer.pid is None else min(self._eager_bytes, CMA_EAGER_BYTES)
+        eager = self._eager_bytes if peer.pid is None else self._cma_eager_bytes
         if data.nbytes <= eager and peer.credit >= cost:
             header = pack_message(
                 FrameType.EAGER, kind, DTYPE_CODES[data.dtype], data.shape, tag,

@@ -7,10 +7,13 @@ system call. The price is that we translate ``OSError`` ourselves, as ``SocketSt
 
 from __future__ import annotations
 
+import array
 import ctypes
 import errno
+import fcntl
 import os
 import socket
+import termios
 from functools import partial
 from typing import TYPE_CHECKING, TypeVar, final
 
@@ -210,6 +213,20 @@ class SocketConnection(Connection):
             raise trio.ClosedResourceError("connection was closed")
         exc = OSError(code, os.strerror(code))
         raise self._broken("receive", exc) from exc
+
+    def waiting_nowait(self) -> int:
+        """How many bytes the socket holds, ready to be read (``FIONREAD``). Raises like
+        :meth:`recv_into`."""
+        if self._fd < 0:
+            raise trio.ClosedResourceError("connection was closed")
+        count = array.array("i", [0])
+        try:
+            fcntl.ioctl(self._fd, termios.FIONREAD, count)
+        except OSError as exc:
+            if self._sock.fileno() == -1:
+                raise trio.ClosedResourceError("connection was closed") from None
+            raise self._broken("receive", exc) from exc
+        return count[0]
 
     async def wait_readable(self, *, check_peer: bool = False) -> None:
         """Park until the socket is readable (a checkpoint). Raises
