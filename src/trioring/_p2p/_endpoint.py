@@ -371,7 +371,7 @@ class Endpoint(Sending):
                 if recv.need_cts and message is not None:
                     recv.need_cts = False
                     recv.result, target = self._target(message, recv)
-                    message.target = target.data
+                    message.target = target
                     message.cts_sent, message.received = True, 0
                     message.committed = message.unreadable = False
                     recv.polled = False  # the PULL comes within a round trip: poll for it

@@ -87,6 +87,7 @@ class MessageKind(enum.IntEnum):
     OBJECT = 2  # uint8 bytes of trioring._objects' codec
 
 
+_FRAME_TYPES: dict[int, FrameType] = {int(t): t for t in FrameType}
 #: The frames about one message id that carry nothing else.
 _ID_ONLY = frozenset(
     {
@@ -101,9 +102,10 @@ _ID_ONLY = frozenset(
 
 
 @final
-@attrs.frozen
+@attrs.define
 class Frame:
-    """A decoded, validated frame header."""
+    """A decoded, validated frame header. (Not frozen: a frozen class's ``__init__`` took
+    0.83 us against 0.23, for every frame of every message.)"""
 
     type: FrameType
     kind: int = 0
@@ -131,17 +133,16 @@ def decode_header(data: bytes | bytearray | memoryview) -> Frame:
     :class:`ProtocolError` for anything a correct peer never sends."""
     if len(data) != HEADER.size:
         raise _bad(f"a frame header is {HEADER.size} bytes, got {len(data)}")
-    (magic, version, ftype, kind, dtype, ndim, tag, comm_id, msg_id, nbytes, offset, count) = (
+    (magic, version, code, kind, dtype, ndim, tag, comm_id, msg_id, nbytes, offset, count) = (
         HEADER.unpack(data)
     )
     if magic != MAGIC:
         raise _bad(f"bad magic {bytes(magic)!r} (not a trioring peer?)")
     if version != VERSION:
         raise _bad(f"unsupported frame version {version}")
-    try:
-        ftype = FrameType(ftype)
-    except ValueError:
-        raise _bad(f"unknown frame type {ftype}") from None
+    ftype = _FRAME_TYPES.get(code)  # (FrameType(code) costs as much as the rest)
+    if ftype is None:
+        raise _bad(f"unknown frame type {code}")
     if ftype in (FrameType.EAGER, FrameType.RTS):
         if kind not in (MessageKind.ARRAY, MessageKind.OBJECT):
             raise _bad(f"unknown message kind {kind}")

@@ -19,7 +19,7 @@ import trio
 from .._errors import PeerFailedError, ProtocolError
 from .._framing import SPIN_SLICE_SECONDS
 from .._onehost import _cma
-from ._engine import MAX_PENDING_RTS, MESSAGE_OVERHEAD, Engine
+from ._engine import MAX_PENDING_RTS, MESSAGE_OVERHEAD, Engine, bytes_of
 from ._frames import (
     DIM,
     HEADER,
@@ -275,18 +275,27 @@ class Reading(Engine):
         _read_exactly(fast, window[:head])
         shape = decode_shape(window[HEADER.size : head], frame)
         cost = self._eager_cost(peer, frame)
+        message, payload, target = self._eager_target(peer, frame, shape)
+        _read_exactly(fast, target)
+        self.taken_by_waits += 1
+        self._message(peer, frame, shape, 0, payload, cost, message)
+        return True
+
+    def _eager_target(
+        self, peer: Peer, frame: Frame, shape: tuple[int, ...]
+    ) -> tuple[Message, np.ndarray, memoryview]:
+        """For an EAGER ``frame`` whose payload is read now, synchronously: its message, the
+        array the payload lands in, and that array's bytes. The array is the
+        ``out`` of the receive it arrives for where there is one (:meth:`_landing`), so that
+        binding copies nothing; else a new one, queued with the message."""
         message = self._inbound(peer, frame, shape)
         recv = self._landing(message)
         if recv is None:
             payload = np.empty(shape, frame.dtype)
-            target = payload.reshape(-1).view(np.uint8)
-        else:
-            payload, target = self._target(message, recv)
-            message.landed = True
-        _read_exactly(fast, target.data)
-        self.taken_by_waits += 1
-        self._message(peer, frame, shape, 0, payload, cost, message)
-        return True
+            return message, payload, bytes_of(payload)
+        payload, target = self._target(message, recv)
+        message.landed = True
+        return message, payload, target
 
     def _eager_cost(self, peer: Peer, frame: Frame) -> int:
         cost = frame.nbytes + MESSAGE_OVERHEAD
@@ -305,10 +314,10 @@ class Reading(Engine):
                 self._message(peer, frame, shape, guard, None, 0)
                 return
             cost = self._eager_cost(peer, frame)
-            payload = np.empty(shape, frame.dtype)
+            message, payload, target = self._eager_target(peer, frame, shape)
             if frame.nbytes:
-                payload.reshape(-1).view(np.uint8).data[:] = body[dims:]
-            self._message(peer, frame, shape, 0, payload, cost)
+                target[:] = body[dims:]
+            self._message(peer, frame, shape, 0, payload, cost, message)
         elif ftype is FrameType.PULL:
             self._committed(peer, frame)
         elif ftype is FrameType.CREDIT:

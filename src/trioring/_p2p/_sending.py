@@ -12,7 +12,7 @@ import trio
 from .._errors import InvalidArgumentError, TrioringError
 from .._onehost._cma import data_address
 from .._wire import DTYPE_CODES
-from ._engine import MESSAGE_OVERHEAD, LinkDown, checked_array
+from ._engine import MESSAGE_OVERHEAD, LinkDown, bytes_of, checked_array
 from ._frames import FrameType, MessageKind, pack_control, pack_data, pack_message
 from ._matching import CommState, Message, Scope, SendWait
 from ._reading import Reading
@@ -86,7 +86,7 @@ class Sending(Reading):
                     peer.credit -= cost
                     seq = comm.seq_out(world)
                     try:
-                        passed |= await self._write_locked(peer, header, _bytes_of(data))
+                        passed |= await self._write_locked(peer, header, bytes_of(data))
                     except LinkDown as exc:
                         raise self._for_call(exc.base, scope, what, seq, world) from None
                     sent = True
@@ -111,7 +111,7 @@ class Sending(Reading):
     ) -> None:
         send = SendWait(scope=scope, peer=peer.world, msg_id=peer.take_id(), what=what)
         nbytes = data.nbytes
-        flat = _bytes_of(data)
+        flat = bytes_of(data)
         # On one host with cross-memory attach agreed, the RTS gives our array's address
         # and the receiver copies the message out of our memory itself, once, from its CTS
         # on, instead of DATA frames through the socket (two copies and a frame per chunk);
@@ -270,11 +270,6 @@ class Sending(Reading):
                 await self._park_send(send, on_abort=functools.partial(comm.remove, message))
         finally:
             comm.sends.discard(send)
-
-
-def _bytes_of(data: np.ndarray) -> memoryview:
-    """The bytes of a C-contiguous array, without a copy."""
-    return data.reshape(-1).view(np.uint8).data
 
 
 def _state(send: SendWait) -> tuple[bool, bool, bool, bool]:
