@@ -1,5 +1,5 @@
 """Waiting point-to-point calls that take frames off their sockets themselves
-(trioring._p2p._reading.Reading._poll and _take_waiting): only whole frames, only while the
+(trioring._p2p._polling.Polling._poll and _take_waiting): only whole frames, only while the
 connection's reader is between frames, in order with what the reader takes, with the
 reader's errors, and with the schedule point every call owes."""
 

@@ -413,7 +413,7 @@ class Endpoint(Sending):
         the scheduler. If cancelled: a posted receive is withdrawn; one bound to a message
         gives it back (REJECTing it if its CTS went)."""
         if not recv.polled:
-            # Poll first (see Reading._poll); a cancellation is taken by the wait below,
+            # Poll first (see Polling._poll); a cancellation is taken by the wait below,
             # whose abort knows how to give a message back.
             recv.polled = True
             passed = await self._poll(_sources(recv), functools.partial(_moved, recv))

@@ -1,6 +1,7 @@
 """The engine under :class:`~trioring._p2p.Endpoint`: per-peer and per-communicator state,
-frame writing, matching and failure handling (the readers are in _reading.py, the sends in
-_sending.py). See _endpoint.py for the protocol and the guarantees; this module keeps the
+frame writing and failure handling (matching is in _binding.py, the readers in _reading.py,
+the polling of waits in _polling.py, the sends in _sending.py, one class on the other in
+that order). See _endpoint.py for the protocol and the guarantees; these modules keep the
 mechanics."""
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from ._frames import (
     pack_control,
     pack_credit,
 )
-from ._matching import CommState, Message, PostedRecv, Scope, wake
+from ._matching import CommState, Message, Scope, wake
 from ._peer import READ_BYTES, Peer, lost
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ EAGER_BYTES = 1024 * 1024
 #: memory attach agreed, Peer.pid) where ranks outnumber the CPUs they share (crowded): there
 #: one copy straight into the receive's array beats two through the socket. A receive that
 #: polls reads an eager message straight into its array too once all of it waits on the
-#: socket (Reading._take_large), which pays where each rank has a CPU: ping-pong at world 2
+#: socket (Polling._take_large), which pays where each rank has a CPU: ping-pong at world 2
 #: on 2 vCPUs, one way, us, eagerly against by cross-memory attach (bench/p2p.py, three
 #: alternating launches): 512 KiB 141-151 against 146-152, 768 KiB 194-204 against 230-242,
 #: 1 MiB 281-284 against 297-307. A ring at worlds 3 and 4 on 2 vCPUs, per step: 512 KiB
@@ -139,10 +140,10 @@ class Engine:
         #: PIGGYBACK_FRACTION); a CREDIT frame of its own once half the window is.
         self._piggyback = max(1, window_bytes // PIGGYBACK_FRACTION)
         self._chunk = chunk_bytes
-        #: How long a wait polls before it parks (TRIORING_SPIN_US; see Reading._poll).
+        #: How long a wait polls before it parks (TRIORING_SPIN_US; see Polling._poll).
         self._spin_seconds = spin_seconds
         self._peers = {w: Peer(w, c, window_bytes) for w, c in connections.items()}
-        #: Where a polling receive looks at a socket (Reading._take_waiting).
+        #: Where a polling receive looks at a socket (Polling._take_waiting).
         self._peek_buffer = PeekBuffer(READ_BYTES)
         #: Frames that waiting calls took off the sockets themselves (statistics).
         self.taken_by_waits = 0
@@ -511,140 +512,3 @@ class Engine:
         peer.buffered -= message.cost
         if peer.error is None:
             peer.owed += message.cost
-
-    # -- matching --------------------------------------------------------------------------
-
-    def _mismatch(self, message: Message, recv: PostedRecv) -> InvalidArgumentError | None:
-        """Why ``message`` cannot land in ``recv`` (it then stays queued); None if it can."""
-        problem = None
-        if message.kind != recv.kind:
-            problem = (
-                f"a receive of kind {recv.kind.name.lower()} matched a message of kind "
-                f"{message.kind.name.lower()}"
-            )
-        elif recv.out is not None and recv.out.dtype != message.dtype:
-            problem = f"out is {recv.out.dtype}, the message is {message.dtype}"
-        elif recv.out is not None and message.nbytes > recv.out.nbytes:
-            problem = (
-                f"the message of shape {message.shape} does not fit out of shape "
-                f"{recv.out.shape} (truncation)"
-            )
-        if problem is None:
-            return None
-        source = recv.scope.members.index(message.peer)
-        return InvalidArgumentError(
-            f"{self._where(recv.scope, recv.what, message.seq)}: {problem} from rank {source}; "
-            "the message stays queued",
-            rank=recv.scope.rank,
-            peer=source,
-            collective=recv.what.partition("(")[0],
-            seq=message.seq,
-            job_id=self.job_id,
-        )
-
-    @staticmethod
-    def _target(message: Message, recv: PostedRecv) -> tuple[np.ndarray, memoryview]:
-        """The result array of ``recv`` for ``message``, and its bytes."""
-        out = recv.out
-        if out is None:
-            result = np.empty(message.shape, message.dtype)
-            return result, bytes_of(result)
-        if out.shape == message.shape:
-            return out, bytes_of(out)
-        result = out.reshape(-1)[: message.nbytes // max(1, message.dtype.itemsize)]
-        result = result.reshape(message.shape)
-        return result, bytes_of(result)
-
-    def _bind(self, comm: CommState, message: Message, recv: PostedRecv) -> None:
-        """``recv`` takes ``message`` (checked already; out of every queue)."""
-        recv.message = message
-        if message.payload is not None:
-            self._consumed(message)
-            if recv.out is None or message.landed:
-                recv.result = message.payload
-            else:
-                recv.result, target = self._target(message, recv)
-                target[:] = bytes_of(message.payload)
-            recv.done = True
-            comm.recvs.discard(recv)
-        elif message.local is not None:
-            recv.result, target = self._target(message, recv)
-            target[:] = message.local.data
-            recv.done = True
-            comm.recvs.discard(recv)
-            assert message.self_send is not None
-            message.self_send.done = True
-            wake(message.self_send)
-        else:
-            message.recv = recv
-            recv.need_cts = not message.rejected
-        wake(recv)
-
-    def _offer(self, comm: CommState, message: Message) -> None:
-        """Give ``message`` (new, or put back) to the earliest posted receive that can take
-        it; receives it does not fit raise; else queue it."""
-        for recv in comm.posted_for(message):
-            comm.unpost(recv)
-            error = self._mismatch(message, recv)
-            if error is None:
-                self._bind(comm, message, recv)
-                return
-            comm.recvs.discard(recv)
-            recv.error = error
-            wake(recv)
-        assert not message.landed, "a message read into a receive's out went unbound"
-        comm.insert(message)
-
-    def _rematch(self, comm: CommState, recv: PostedRecv) -> None:
-        """``recv`` lost its message (withdrawn): match it again, or post it in its place."""
-        message = comm.find(recv.source, recv.tag)
-        if message is None:
-            comm.post(recv)
-            return
-        error = self._mismatch(message, recv)
-        if error is not None:
-            comm.recvs.discard(recv)
-            recv.error = error
-            wake(recv)
-            return
-        comm.remove(message)
-        self._bind(comm, message, recv)
-
-    def _landing(self, message: Message) -> PostedRecv | None:
-        """The receive with an ``out`` that ``message`` (an EAGER from a peer, not arrived
-        yet) is bound to if it arrives now, where its payload may be read straight into;
-        None if there is none (or it would raise: the message then arrives as usual)."""
-        comm = self._comms.get(message.comm_id)
-        if comm is None or comm.scope is None or message.peer not in comm.rank_of:
-            return None
-        for recv in comm.posted_for(message):  # the first is the one _offer binds
-            if recv.out is not None and self._mismatch(message, recv) is None:
-                return recv
-            break
-        return None
-
-    def _arrive(self, message: Message) -> None:
-        """A new message: adopt it into its communicator (made on the fly if unknown)."""
-        if message.payload is not None:  # counted until received or dropped (_consumed)
-            if message.peer == self.rank:
-                self._self_buffered += message.cost
-            else:
-                self._peers[message.peer].buffered += message.cost
-        comm = self._comms.get(message.comm_id)
-        if comm is None:
-            if message.comm_id in self._unregistered:
-                self._drop(message)
-                return
-            comm = self._comms[message.comm_id] = CommState(None)
-        elif comm.scope is not None and message.peer not in comm.rank_of:
-            self._drop(message)
-            raise ProtocolError(
-                f"a message on comm id {message.comm_id:#x}, of which it is no member"
-            )
-        self._arrivals += 1
-        message.arrival = self._arrivals
-        message.seq = comm.seq_in(message.peer)
-        if comm.scope is None:
-            comm.insert(message)
-        else:
-            self._offer(comm, message)

@@ -16,8 +16,8 @@ if TYPE_CHECKING:
 
 #: Frames with up to this many bytes after their header (64 KiB of payload and the largest
 #: shape) are read whole into the reader's buffer, or taken whole by a waiting receive
-#: (Reading._take_waiting); larger payloads land straight in their target (see read_into),
-#: or a waiting receive reads them there once they wait whole (Reading._take_large).
+#: (Polling._take_waiting); larger payloads land straight in their target (see read_into),
+#: or a waiting receive reads them there once they wait whole (Polling._take_large).
 READ_WHOLE_BYTES = 64 * 1024 + 512
 #: What the reader asks the connection for at once (a whole frame of READ_WHOLE_BYTES and
 #: more): a header and a small payload usually arrive in one read.
@@ -87,7 +87,7 @@ class Peer:
         #: The reader's cancel scope: cancelled to stop reading a peer that broke the rules.
         self.reader_scope = trio.CancelScope()
         #: The bytes that a poll last saw waiting on the socket while a large EAGER frame
-        #: streamed in (Reading._take_large); 0 otherwise.
+        #: streamed in (Polling._take_large); 0 otherwise.
         self.seen_waiting = 0
         #: The connection's reader (the reader task's; see FrameReader.idle).
         self.reader = FrameReader(connection)
@@ -130,7 +130,7 @@ class FrameReader:
         self._end = 0
         #: True while the reader waits for the next frame with nothing of it read: only
         #: then may a waiting receive take whole frames off the socket itself (see
-        #: Reading._take_waiting); at any other time the socket's next bytes continue a
+        #: Polling._take_waiting); at any other time the socket's next bytes continue a
         #: frame that the reader has begun.
         self.idle = False
         #: Reads that found bytes waiting since the last pass through the scheduler.

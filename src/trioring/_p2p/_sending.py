@@ -15,7 +15,7 @@ from .._wire import DTYPE_CODES
 from ._engine import MESSAGE_OVERHEAD, LinkDown, bytes_of, checked_array
 from ._frames import FrameType, MessageKind, pack_control, pack_data, pack_message
 from ._matching import CommState, Message, Scope, SendWait
-from ._reading import Reading
+from ._polling import Polling
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 __all__ = ["Sending"]
 
 
-class Sending(Reading):
+class Sending(Polling):
     """The sending half of the endpoint (the public calls are in Endpoint)."""
 
     # -- sending ---------------------------------------------------------------------------
@@ -203,7 +203,7 @@ class Sending(Reading):
     ) -> bool:
         """Wait until the reader (or a failure) wakes ``send``; raise its error if it has one.
         Cancellation is refused while ``send.abortable`` is false. Polls first, as a
-        receive does (Reading._poll): the CTS, and the DONE or REJECT, come within a round
+        receive does (Polling._poll): the CTS, and the DONE or REJECT, come within a round
         trip and a copy when the receive is waiting. Returns whether it passed through the
         scheduler."""
         before = _state(send)
