@@ -73,6 +73,29 @@ def test_large_messages_under_random_cancellation(
         assert ("cma" in report["features"]) is (cma and CMA_HERE), report
 
 
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_eager_messages_land_whole_in_out(tmp_path: Path, n: int) -> None:
+    """Eager messages of odd sizes up to the eager limit, received into one ``out`` buffer
+    overwritten after every check while each rank also sends, its arrays overwritten as
+    soon as each send returns: every message lands whole, whether a polling receive took it
+    off the socket (into ``out`` straight) or the reader did."""
+    reports = run_reports(WORKER, ["eager", str(tmp_path)], tmp_path, n)
+    for report in reports:
+        assert report["wrong"] == [], report
+        assert report["messages"] == 21, report
+    if n == 2:  # a core each: the receives poll, and take messages themselves
+        assert all(report["taken"] > 0 for report in reports), reports
+
+
+@pytest.mark.parametrize(("n", "seed"), [(2, 1), (4, 2)])
+def test_eager_messages_under_random_cancellation(tmp_path: Path, n: int, seed: int) -> None:
+    """Every eager send and receive under a random deadline, tried again while cancelled:
+    each message arrives once, whole and in order, into the receive's ``out``."""
+    reports = run_reports(WORKER, ["eager-cancel", str(tmp_path), str(seed)], tmp_path, n)
+    for report in reports:
+        assert report["wrong"] == [], report
+
+
 def test_killed_during_large_send_and_pending_recv(tmp_path: Path) -> None:
     victim = 2
     survivors = run_killed(WORKER, ["kill-p2p", str(tmp_path), str(victim)], tmp_path, victim, n=3)

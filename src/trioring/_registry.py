@@ -12,7 +12,7 @@ import attrs
 from ._config import DEFAULT_SPIN_US, spin_seconds
 from ._errors import ConfigurationError, TransportUnavailable
 from ._onehost import _cma, _shm
-from ._p2p import CMA_EAGER_BYTES
+from ._p2p import CMA_EAGER_BYTES, EAGER_BYTES
 from .transports import MemoryTransport, TcpTransport, Transport, UnixTransport
 
 __all__ = ["Capability", "capabilities", "is_available", "register_transport"]
@@ -157,7 +157,8 @@ def _features() -> list[Capability]:
             (
                 "cma",
                 _cma.unavailable_reason(),
-                f"large collectives, and messages above {CMA_EAGER_BYTES // 1024} KiB on x86-64, "
+                f"large collectives, and messages above {EAGER_BYTES // 1024} KiB "
+                f"({CMA_EAGER_BYTES // 1024} KiB where ranks outnumber cores) on x86-64, "
                 "between ranks on one host (unix) copy straight from peers' memory "
                 "(process_vm_readv); "
                 "off with TRIORING_CMA=0",

@@ -19,11 +19,17 @@ processes).
   messages this rank's receives copied out of their sender's memory and the sizes of the messages that came
   wrong (none).
 
+- ``eager``: as ``pull``, with messages up to the eager limit (EAGER_MESSAGES), each
+  received into one ``out`` buffer that is overwritten after every check; the report also
+  has how many frames waiting receives took off the sockets themselves.
+
 - ``pull-cancel SEED``: as ``pull`` (one tag, so that order tells a lost or doubled message),
   but every send and receive runs under a random deadline of up to 3 ms (none every fourth
   try) and is tried again while it is cancelled: a cancelled send must have delivered
   nothing, a returned one everything, a cancelled receive must have consumed nothing. The
   report has the messages that came wrong (none) and how many calls were cancelled.
+
+- ``eager-cancel SEED``: as ``pull-cancel``, with the messages of ``eager``.
 
 Survivors of the kill modes ignore SIGTERM, so that the launcher's teardown after the
 victim's death does not race their report.
@@ -168,6 +174,13 @@ async def kill_groups(comm: trioring.Communicator, victim: int, report: dict[str
 #: dtype and element count of each message of ``pull`` mode: 1 MiB + 4 bytes, 3 MiB + 10
 #: and 9 MiB + 8 (above the 4 MiB step of a PULL), each sent three times.
 PULL_MESSAGES = [("float32", 262_145), ("int16", 1_572_869), ("float64", 1_179_649)] * 3
+#: Eager messages of odd sizes: taken whole off the socket by a polling receive (up to 64
+#: KiB and a few bytes), read straight into ``out`` once whole (beyond), up to the eager
+#: limit of 1 MiB (by cross-memory attach above 512 KiB where ranks outnumber cores).
+EAGER_MESSAGES = [
+    ("float64", 1), ("int16", 1_501), ("float32", 16_385), ("uint8", 70_001),
+    ("float64", 40_001), ("int32", 262_143), ("complex128", 65_536),
+] * 3  # fmt: skip
 
 
 def expected(source: int, i: int, dtype: str, count: int) -> np.ndarray:
@@ -179,25 +192,28 @@ async def _pull_ring(
     comm: trioring.Communicator,
     send: Callable[[np.ndarray, int, int], Awaitable[object]],
     recv: Callable[[int, int], Awaitable[np.ndarray]],
+    messages: list[tuple[str, int]] = PULL_MESSAGES,
 ) -> list[int]:
-    """Each rank sends PULL_MESSAGES to the next rank, ``send(array, dest, i)``, and zeroes
+    """Each rank sends ``messages`` to the next rank, ``send(array, dest, i)``, and zeroes
     each array as soon as its send returns (the receiver must have had all of it), while it
-    receives the previous rank's, ``recv(source, i)``; then a barrier. Returns the indices
-    of the messages that arrived wrong."""
+    receives the previous rank's, ``recv(source, i)``, and overwrites each once checked
+    (it may be a view of the ``out`` the next message lands in); then a barrier. Returns the
+    indices of the messages that arrived wrong."""
     r, n = comm.rank, comm.world_size
     wrong: list[int] = []
 
     async def sending() -> None:
-        for i, (dtype, count) in enumerate(PULL_MESSAGES):
+        for i, (dtype, count) in enumerate(messages):
             array = expected(r, i, dtype, count)
             await send(array, (r + 1) % n, i)
             array[:] = 0
 
     async def receiving() -> None:
-        for i, (dtype, count) in enumerate(PULL_MESSAGES):
+        for i, (dtype, count) in enumerate(messages):
             got = await recv((r - 1) % n, i)
             if not np.array_equal(got, expected((r - 1) % n, i, dtype, count)):
                 wrong.append(i)
+            got.reshape(-1).view(np.uint8)[:] = 0xA5
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(sending)
@@ -218,10 +234,36 @@ async def pull(comm: trioring.Communicator, report: dict[str, Any]) -> None:
     )
 
 
-async def pull_cancel(comm: trioring.Communicator, seed: int, report: dict[str, Any]) -> None:
+async def eager(comm: trioring.Communicator, report: dict[str, Any]) -> None:
+    out = np.empty(max(count * np.dtype(dtype).itemsize for dtype, count in EAGER_MESSAGES))
+
+    def into(i: int) -> np.ndarray:
+        dtype, count = EAGER_MESSAGES[i]
+        return out.view(np.uint8)[: count * np.dtype(dtype).itemsize].view(dtype)
+
+    wrong = await _pull_ring(
+        comm,
+        lambda array, dest, i: comm.send(array, dest=dest, tag=i),
+        lambda source, i: comm.recv(source=source, tag=i, out=into(i)),
+        EAGER_MESSAGES,
+    )
+    report.update(
+        features=sorted(comm.features),
+        wrong=wrong,
+        messages=len(EAGER_MESSAGES),
+        taken=comm._endpoint.taken_by_waits,
+    )
+
+
+async def pull_cancel(
+    comm: trioring.Communicator,
+    seed: int,
+    report: dict[str, Any],
+    messages: list[tuple[str, int]] = PULL_MESSAGES,
+) -> None:
     rng = np.random.default_rng(seed * 100 + comm.rank)
     cancelled = {"send": 0, "recv": 0}
-    out = np.empty(max(count for _, count in PULL_MESSAGES) * 8, np.uint8)
+    out = np.empty(max(count * np.dtype(dtype).itemsize for dtype, count in messages), np.uint8)
 
     async def tried(name: str, call: Callable[[], Awaitable[Any]]) -> Any:
         for attempt in range(1, 201):
@@ -232,13 +274,14 @@ async def pull_cancel(comm: trioring.Communicator, seed: int, report: dict[str, 
         raise AssertionError(f"{name} cancelled 200 times")
 
     def into(i: int) -> np.ndarray:
-        dtype, count = PULL_MESSAGES[i]
+        dtype, count = messages[i]
         return out[: count * np.dtype(dtype).itemsize].view(dtype)
 
     wrong = await _pull_ring(
         comm,
         lambda array, dest, _: tried("send", lambda: comm.send(array, dest=dest)),
         lambda source, i: tried("recv", lambda: comm.recv(source=source, out=into(i))),
+        messages,
     )
     report.update(features=sorted(comm.features), wrong=wrong, cancelled=cancelled)
 
@@ -274,6 +317,10 @@ async def main(mode: str, out_dir: Path, args: list[str]) -> int:
                 await pull(comm, report)
             elif mode == "pull-cancel":
                 await pull_cancel(comm, int(args[0]), report)
+            elif mode == "eager":
+                await eager(comm, report)
+            elif mode == "eager-cancel":
+                await pull_cancel(comm, int(args[0]), report, EAGER_MESSAGES)
             elif mode == "kill-groups":
                 await kill_groups(comm, int(args[0]), report)
             else:
