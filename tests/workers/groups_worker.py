@@ -16,8 +16,8 @@ processes).
 - ``pull``: every rank sends messages above the eager limit (odd sizes, one above the
   cross-memory read's step) to the next rank and receives from the previous one, at once,
   overwriting each array as soon as its send returns; the report has the features, how many
-  messages this rank's receives copied out of their sender's memory and the sizes of the messages that came
-  wrong (none).
+  messages this rank's receives copied out of their sender's memory and the sizes of the
+  messages that came wrong (none).
 
 - ``eager``: as ``pull``, with messages up to the eager limit (EAGER_MESSAGES), each
   received into one ``out`` buffer that is overwritten after every check; the report also

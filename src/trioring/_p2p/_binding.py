@@ -122,11 +122,11 @@ class Binding(Engine):
         comm = self._comms.get(message.comm_id)
         if comm is None or comm.scope is None or message.peer not in comm.rank_of:
             return None
-        for recv in comm.posted_for(message):  # the first is the one _offer binds
-            if recv.out is not None and self._mismatch(message, recv) is None:
-                return recv
-            break
-        return None
+        posted = comm.posted_for(message)
+        if not posted:
+            return None
+        recv = posted[0]  # the one _offer binds it to, if it fits
+        return recv if recv.out is not None and self._mismatch(message, recv) is None else None
 
     def _arrive(self, message: Message) -> None:
         """A new message: adopt it into its communicator (made on the fly if unknown)."""

@@ -51,8 +51,9 @@ EAGER_BYTES = 1024 * 1024
 #: polls reads an eager message straight into its array too once all of it waits on the
 #: socket (Polling._take_large), which pays where each rank has a CPU: ping-pong at world 2
 #: on 2 vCPUs, one way, us, eagerly against by cross-memory attach (bench/p2p.py, three
-#: alternating launches): 512 KiB 141-151 against 146-152, 768 KiB 194-204 against 230-242,
-#: 1 MiB 281-284 against 297-307. A ring at worlds 3 and 4 on 2 vCPUs, per step: 512 KiB
+#: alternating launches): 512 KiB 144-148 against 186-195 (two launches), 768 KiB 194-204
+#: against 230-242, 1 MiB 281-284 against 297-307. A ring at worlds 3 and 4 on 2 vCPUs, per
+#: step, the same two ways (two launches each): 512 KiB
 #: 790-972 against 989-1113, 1 MiB 1349-1537 against 1202-1334.
 CMA_EAGER_BYTES = 512 * 1024
 #: Eager credit per peer and direction: what one peer can make us buffer. 4 MiB holds 4
@@ -68,9 +69,9 @@ MESSAGE_OVERHEAD = 256
 #: Credit owed to a peer goes back with the next frame we write to it once this fraction
 #: of the window is owed, not with every frame: each CREDIT frame costs the peer a frame to
 #: decode and handle in Python (a ping-pong of 8-byte messages, where every message came
-#: with one, took 53-57 us one way at world 2 on 2 vCPUs against 48-52, bench/p2p.py). A sender
-#: still holds at least the window less what it has in flight and half the window (the
-#: most that is owed after a receive, _flush), as before.
+#: with one, took 53-57 us one way at world 2 on 2 vCPUs against 48-52, bench/p2p.py). A
+#: sender still holds at least the window less its messages not yet received and half the
+#: window (the most a receiver owes after a receive, _flush), as before.
 PIGGYBACK_FRACTION = 16
 #: Unexpected RTS frames one peer may leave pending with us (about 1 KiB of memory each).
 MAX_PENDING_RTS = 65536

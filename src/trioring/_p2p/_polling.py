@@ -77,9 +77,9 @@ class Polling(Reading):
         for ``spin_seconds`` (at least ``POLL_SECONDS``); looks once where polling is off;
         stops at once where a peer's reader must go on (inside a frame, at a DATA frame,
         at a large EAGER frame that stopped coming before it was whole), or where no peer
-        can answer (a send to ourselves). The passes are shielded; a cancellation ends the poll at the next
-        one, and the caller's wait takes it. Returns whether it passed through the
-        scheduler."""
+        can answer (a send to ourselves). The passes are shielded; a cancellation ends the
+        poll at the next one, and the caller's wait takes it. Returns whether it passed
+        through the scheduler."""
         peers = [peer for world in worlds if (peer := self._peers.get(world)) is not None]
         passed = False
         start = time.perf_counter()
