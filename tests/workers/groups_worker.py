@@ -234,13 +234,20 @@ async def pull(comm: trioring.Communicator, report: dict[str, Any]) -> None:
     )
 
 
-async def eager(comm: trioring.Communicator, report: dict[str, Any]) -> None:
-    out = np.empty(max(count * np.dtype(dtype).itemsize for dtype, count in EAGER_MESSAGES))
+def _receive_buffer(messages: list[tuple[str, int]]) -> Callable[[int], np.ndarray]:
+    """One buffer for every message of ``messages``: message ``i``'s ``out`` is its start,
+    viewed as that message's dtype."""
+    out = np.empty(max(count * np.dtype(dtype).itemsize for dtype, count in messages), np.uint8)
 
     def into(i: int) -> np.ndarray:
-        dtype, count = EAGER_MESSAGES[i]
-        return out.view(np.uint8)[: count * np.dtype(dtype).itemsize].view(dtype)
+        dtype, count = messages[i]
+        return out[: count * np.dtype(dtype).itemsize].view(dtype)
 
+    return into
+
+
+async def eager(comm: trioring.Communicator, report: dict[str, Any]) -> None:
+    into = _receive_buffer(EAGER_MESSAGES)
     wrong = await _pull_ring(
         comm,
         lambda array, dest, i: comm.send(array, dest=dest, tag=i),
@@ -263,7 +270,7 @@ async def pull_cancel(
 ) -> None:
     rng = np.random.default_rng(seed * 100 + comm.rank)
     cancelled = {"send": 0, "recv": 0}
-    out = np.empty(max(count * np.dtype(dtype).itemsize for dtype, count in messages), np.uint8)
+    into = _receive_buffer(messages)
 
     async def tried(name: str, call: Callable[[], Awaitable[Any]]) -> Any:
         for attempt in range(1, 201):
@@ -272,10 +279,6 @@ async def pull_cancel(
                 return await call()
             cancelled[name] += 1
         raise AssertionError(f"{name} cancelled 200 times")
-
-    def into(i: int) -> np.ndarray:
-        dtype, count = messages[i]
-        return out[: count * np.dtype(dtype).itemsize].view(dtype)
 
     wrong = await _pull_ring(
         comm,

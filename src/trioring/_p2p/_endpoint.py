@@ -81,7 +81,6 @@ from .._errors import InvalidArgumentError, TrioringError
 from .._onehost import _cma
 from ._engine import (
     CHUNK_BYTES,
-    CMA_EAGER_BYTES,
     EAGER_BYTES,
     WINDOW_BYTES,
     LinkDown,
@@ -145,9 +144,8 @@ class Endpoint(Sending):
             window_bytes=window_bytes,
             chunk_bytes=chunk_bytes,
             spin_seconds=spin_seconds,
+            crowded=crowded,
         )
-        if crowded:
-            self._cma_eager_bytes = min(eager_bytes, CMA_EAGER_BYTES)
         if _cma.STORES_IN_ORDER:  # else a guard word cannot be trusted
             for world, pid in (peer_pids or {}).items():
                 self._peers[world].pid = pid

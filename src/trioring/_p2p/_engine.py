@@ -122,6 +122,7 @@ class Engine:
         window_bytes: int = WINDOW_BYTES,
         chunk_bytes: int = CHUNK_BYTES,
         spin_seconds: float = 0.0,
+        crowded: bool = False,
     ) -> None:
         if rank in connections:
             raise InvalidArgumentError(f"rank {rank}: a connection to itself", rank=rank)
@@ -134,8 +135,8 @@ class Engine:
         self.rank = rank
         self.job_id = job_id
         self._eager_bytes = eager_bytes
-        #: The eager limit towards a peer with a pid (see CMA_EAGER_BYTES; Endpoint sets it).
-        self._cma_eager_bytes = eager_bytes
+        #: The eager limit towards a peer with a pid (see CMA_EAGER_BYTES).
+        self._cma_eager_bytes = min(eager_bytes, CMA_EAGER_BYTES) if crowded else eager_bytes
         self._window = window_bytes
         #: Credit owed goes back with a frame we write anyway once this much is owed (see
         #: PIGGYBACK_FRACTION); a CREDIT frame of its own once half the window is.

@@ -105,7 +105,7 @@ class Message:
         #: Eager: the credit it holds (payload plus the fixed per-message overhead).
         self.cost = cost
         #: Eager: the payload was read straight into the ``out`` of the receive it arrives
-        #: for (Reading._eager_target), so binding copies nothing.
+        #: for (Reading._eager), so binding copies nothing.
         self.landed = False
         #: A large send to this very rank: the sender's bytes (flat uint8), copied by the
         #: receive that matches it; ``self_send`` is the waiting sender.

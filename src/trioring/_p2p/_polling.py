@@ -4,6 +4,7 @@ would (:meth:`Polling._poll`); see _endpoint.py for the protocol."""
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import time
@@ -198,9 +199,6 @@ class Polling(Reading):
         window = self._peek_buffer.view
         _read_exactly(fast, window[:head])
         shape = decode_shape(window[HEADER.size : head], frame)
-        cost = self._eager_cost(peer, frame)
-        message, payload, target = self._eager_target(peer, frame, shape)
-        _read_exactly(fast, target)
+        self._eager(peer, frame, shape, functools.partial(_read_exactly, fast))
         self.taken_by_waits += 1
-        self._message(peer, frame, shape, 0, payload, cost, message)
         return True

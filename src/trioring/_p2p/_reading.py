@@ -8,6 +8,7 @@ the tasks they wake (see :class:`~trioring._p2p._engine.Engine`)."""
 from __future__ import annotations
 
 import errno
+from typing import TYPE_CHECKING
 
 import numpy as np
 import trio
@@ -30,6 +31,9 @@ from ._frames import (
 )
 from ._matching import CommState, Message, PostedRecv, wake
 from ._peer import _LOST, READ_WHOLE_BYTES, FrameReader, Peer, lost
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 __all__ = ["Reading"]
 
@@ -97,21 +101,29 @@ class Reading(Binding):
             return
         self._handle(peer, frame, await reader.read(size) if size else _NOTHING)
 
-    def _eager_target(
-        self, peer: Peer, frame: Frame, shape: tuple[int, ...]
-    ) -> tuple[Message, np.ndarray, memoryview]:
-        """For an EAGER ``frame`` whose payload is read now, synchronously: its message, the
-        array the payload lands in, and that array's bytes. The array is the
-        ``out`` of the receive it arrives for where there is one (:meth:`_landing`), so that
-        binding copies nothing; else a new one, queued with the message."""
+    def _eager(
+        self,
+        peer: Peer,
+        frame: Frame,
+        shape: tuple[int, ...],
+        read: Callable[[memoryview], object],
+    ) -> None:
+        """An EAGER ``frame`` arrived whose payload ``read(target)`` puts into ``target`` now,
+        synchronously (from the reader's buffer, or off the socket where all of it waits).
+        ``target`` is the bytes of the ``out`` of the receive it arrives for where there is
+        one (:meth:`_landing`), so that binding copies nothing; else of a new array, queued
+        with the message."""
+        cost = self._eager_cost(peer, frame)
         message = self._inbound(peer, frame, shape)
         recv = self._landing(message)
         if recv is None:
             payload = np.empty(shape, frame.dtype)
-            return message, payload, bytes_of(payload)
-        payload, target = self._target(message, recv)
-        message.landed = True
-        return message, payload, target
+            target = bytes_of(payload)
+        else:
+            payload, target = self._target(message, recv)
+            message.landed = True
+        read(target)
+        self._message(peer, frame, shape, 0, payload, cost, message)
 
     def _eager_cost(self, peer: Peer, frame: Frame) -> int:
         cost = frame.nbytes + MESSAGE_OVERHEAD
@@ -129,11 +141,11 @@ class Reading(Binding):
                 guard = DIM.unpack(body[dims:])[0] if frame.offset else 0
                 self._message(peer, frame, shape, guard, None, 0)
                 return
-            cost = self._eager_cost(peer, frame)
-            message, payload, target = self._eager_target(peer, frame, shape)
-            if frame.nbytes:
+
+            def copy(target: memoryview) -> None:
                 target[:] = body[dims:]
-            self._message(peer, frame, shape, 0, payload, cost, message)
+
+            self._eager(peer, frame, shape, copy)
         elif ftype is FrameType.PULL:
             self._committed(peer, frame)
         elif ftype is FrameType.CREDIT:

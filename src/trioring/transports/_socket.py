@@ -96,6 +96,7 @@ class SocketConnection(Connection):
         self._sock = sock
         self._fd = sock.fileno()
         self._peer_timeout = peer_timeout
+        self._waiting = array.array("i", [0])  # FIONREAD's answer (waiting_nowait)
 
     @property
     def socket(self) -> trio.socket.SocketType:
@@ -219,7 +220,7 @@ class SocketConnection(Connection):
         :meth:`recv_into`."""
         if self._fd < 0:
             raise trio.ClosedResourceError("connection was closed")
-        count = array.array("i", [0])
+        count = self._waiting
         try:
             fcntl.ioctl(self._fd, termios.FIONREAD, count)
         except OSError as exc:
