@@ -65,6 +65,7 @@ _SHAPE = 14
 HEADER_WORDS = _SHAPE + MAX_DIMS
 _NOBODY = 2**62  # the rank (and least value) where nobody passed out=
 _HEADER_BYTES = HEADER_WORDS * 8
+_FIELDS_BYTES = _SHAPE * 8
 _ARRAY, _LIST = 0, 1
 
 
@@ -98,7 +99,7 @@ def plan_scatter(
     # A list of blocks comes with their shapes; one array (None here) has equal rows.
     shapes: np.ndarray[Any, Any] | None = None
     fields: tuple[int, int, int, tuple[int, ...] | None]
-    if isinstance(blocks, list | tuple):
+    if isinstance(blocks, (list, tuple)):  # (a tuple: ``list | tuple`` is made per call)
         parts, shapes = _check_list(blocks, n)
         own_shape = tuple(shapes[r].tolist())
         fields = (DTYPE_CODES[parts[0].dtype], _LIST, shapes.shape[1], None)
@@ -113,10 +114,10 @@ def plan_scatter(
         result = box[0].reshape(-1)
     else:
         result = check_out(out, dtype, own_count)
-        own = parts[r] if shapes is not None else parts[0][r * own_count : (r + 1) * own_count]
         for index, part in enumerate(parts):
             if np.may_share_memory(part, result) and not (
-                (shapes is None or index == r) and same_memory(own, result)
+                (shapes is None or index == r)
+                and same_memory(_own(parts, shapes, r, own_count), result)
             ):
                 raise Refused(
                     "out= overlaps the blocks other than as the root's own block; pass a "
@@ -137,10 +138,10 @@ def plan_scatter(
                 payload = (_copies.scatter_address(parts[0]),)
             elif shapes is not None:
                 payload = _list_payload(forced, parts, shapes, r)
-        h, _, rows = await _header_round(world, spec, header, checked_root, payload)
-        if rows is not None:
+        h, _, slots = await _header_round(world, spec, header, checked_root, payload)
+        if slots is not None:
             if by == "cma":
-                announced = _copies.scatter_words(rows, _HEADER_BYTES)
+                announced = _copies.scatter_words(_copies.slot_bytes(world, spec), _HEADER_BYTES)
             elif by != "pipe":
                 shm_done(world, spec)
         any_out = h[_ANY_OUT]
@@ -173,6 +174,12 @@ def plan_scatter(
             await _algorithms.barrier(world, spec)
 
     return box, scatter_from_root, {"root": checked_root}
+
+
+def _own(parts: list[np.ndarray], shapes: np.ndarray | None, r: int, count: int) -> np.ndarray:
+    """The root's own block: its part of a list, or its row of one array (``parts[0]``
+    flat, rows of ``count`` elements). Made only where ``out=`` overlaps the blocks."""
+    return parts[r] if shapes is not None else parts[0][r * count : (r + 1) * count]
 
 
 def _others(flat: np.ndarray, lo: int, hi: int) -> tuple[np.ndarray, ...]:
@@ -280,7 +287,7 @@ def _scatter_elsewhere(
     start = _start_header(r, None, _out_fields(target))
 
     async def scatter_to_here(spec: OpSpec) -> None:
-        h, header, rows = await _header_round(world, spec, start, root)
+        h, header, slots = await _header_round(world, spec, start, root)
         dtype = DTYPES[h[_DTYPE] - 1]
 
         def prepare(shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
@@ -301,8 +308,10 @@ def _scatter_elsewhere(
             return target
 
         by = "tree"
-        if h[_FORM] == _LIST and rows is not None and _list_in_slot(rows[root], _HEADER_BYTES):
-            _list_from_slot(rows[root], _HEADER_BYTES, n, h[_NDIM], root, r, prepare)
+        if h[_FORM] == _LIST and slots is not None and _list_in_slot(slots[root], _HEADER_BYTES):
+            _list_from_slot(
+                _copies.slot_bytes(world, spec)[root], _HEADER_BYTES, n, h[_NDIM], root, r, prepare
+            )
             shm_done(world, spec)
             if h[_ANY_OUT]:
                 await _algorithms.barrier(world, spec)
@@ -317,12 +326,12 @@ def _scatter_elsewhere(
                 box.append(out)  # type: ignore[arg-type]  # checked to be an ndarray
                 result = target
             by = _scatter_by(world, forced, n * count * dtype.itemsize)
-            if by == "shm":
-                assert rows is not None
+            if by == "shm" and result.nbytes:
+                assert slots is not None
                 # The root's slot holds every block but its own, after the header.
                 at = _HEADER_BYTES + (r - (r > root)) * count * dtype.itemsize
-                result.view(np.uint8)[...] = rows[root, at : at + result.nbytes]
-        if rows is not None and by not in ("cma", "pipe"):
+                result.data.cast("B")[:] = slots[root][at : at + result.nbytes]
+        if slots is not None and by not in ("cma", "pipe"):
             # The copy's end says done (the done words of the header round's publication).
             shm_done(world, spec)
         if by == "shm":
@@ -332,7 +341,11 @@ def _scatter_elsewhere(
             if by == "cma":
                 # With a segment, the root's address came with the header (and this rank's
                 # done word waits for the end of the copy).
-                announced = None if rows is None else _copies.scatter_words(rows, _HEADER_BYTES)
+                announced = (
+                    None
+                    if slots is None
+                    else _copies.scatter_words(_copies.slot_bytes(world, spec), _HEADER_BYTES)
+                )
                 await _copies.cma_scatter(world, data, None, result, root, announced)
                 return
             if by == "pipe":
@@ -367,10 +380,10 @@ def _list_payload(
     return (_IN_SLOT, shapes.reshape(-1), *others)
 
 
-def _list_in_slot(slot: np.ndarray, at: int) -> bool:
+def _list_in_slot(slot: memoryview, at: int) -> bool:
     """Whether the root's ``slot`` (bytes) holds the blocks of a list scatter after its
     header of ``at`` bytes (see :func:`_list_payload`)."""
-    return bool(slot[at : at + _IN_SLOT.nbytes].view(np.int64)[0])
+    return bool(slot[at : at + _IN_SLOT.nbytes].cast("q")[0])
 
 
 def _list_from_slot(
@@ -443,26 +456,29 @@ async def _header_round(
     start: np.ndarray[Any, Any],
     root: int,
     payload: Sequence[np.ndarray[Any, Any]] = (),
-) -> tuple[list[int], np.ndarray[Any, Any], np.ndarray[Any, Any] | None]:
+) -> tuple[list[int], np.ndarray[Any, Any] | memoryview, list[memoryview] | None]:
     """The header round from this rank's ``start`` (see :func:`_start_header`; the root
     publishes ``payload`` after it where there is a segment). Returns the folded header's
     fields before the shape, checked the same on every rank (:func:`_check_header`); the
-    root's header, whose shape words hold the block shape of one array (through the
-    segment, a view of the root's slot, valid until this rank says done); and the slots
-    as :func:`_copies.slot_bytes` returns them, or None without a segment.
+    root's header as int64s, whose shape words hold the block shape of one array (through
+    the segment, a view of the root's slot, valid until this rank says done); and every
+    rank's slot as bytes (what :func:`_copies.shm_post` returns), or None without a
+    segment.
 
     Through the segment every rank's header is there at once, so the fold is one pass over
     them (:func:`_fold`) instead of a merge per peer, and when nobody passed ``out=`` (the
     usual call) it is the root's fields as they stand: merging each peer's took 2 us at
     world 2, in a 4-byte scatter of 20."""
     if world.shm is None:
-        header = start.copy()
-        await _algorithms.disseminate(world, spec, header, _merge)
-        return _check_header(world, spec, header[:_SHAPE].tolist(), root), header, None
-    await _copies.shm_post(world, spec, start, payload)
-    states = _copies.posted_states(world, spec, HEADER_WORDS)
-    fields = _fold(states[:, :_SHAPE].tolist(), root)
-    return _check_header(world, spec, fields, root), states[root], _copies.slot_bytes(world, spec)
+        merged = start.copy()
+        await _algorithms.disseminate(world, spec, merged, _merge)
+        return _check_header(world, spec, merged[:_SHAPE].tolist(), root), merged, None
+    slots = await _copies.shm_post(world, spec, start, payload)
+    # Read as memoryviews of the slots' bytes: two numpy views of every slot (the states,
+    # the bytes) cost 2-3 us of a 4-byte scatter's root, which waits for nobody.
+    fields = _fold([slot[:_FIELDS_BYTES].cast("q").tolist() for slot in slots], root)
+    header = slots[root][:_HEADER_BYTES].cast("q")
+    return _check_header(world, spec, fields, root), header, slots
 
 
 def _fold(states: list[list[int]], root: int) -> list[int]:
@@ -546,17 +562,16 @@ def _check_header(world: World, spec: OpSpec, h: list[int], root: int) -> list[i
     if not h[_ANY_OUT]:
         return h
     dtype = DTYPES[code - 1]
-    what = f"{spec.kind.label}(root={root}) #{spec.seq}"
     for at in (_DTYPE_MIN, _DTYPE_MAX):
         if h[at] != code:
             peer = h[at + 1]
             other = DTYPES[h[at] - 1] if 0 < h[at] <= len(DTYPES) else "?"
-            whose = "this rank's" if peer == r else f"rank {peer}'s"
             raise mismatch(
                 world,
                 spec,
                 root if peer == r else peer,
-                f"{what}: {whose} out= has dtype {other}, root {root} scatters {dtype.name}",
+                f"{_what(spec, root, peer, r)} out= has dtype {other}, root {root} scatters "
+                f"{dtype.name}",
             )
     if h[_FORM] != _ARRAY:
         return h
@@ -564,14 +579,22 @@ def _check_header(world: World, spec: OpSpec, h: list[int], root: int) -> list[i
     for at in (_COUNT_MIN, _COUNT_MAX):
         if h[at] != count:
             peer = h[at + 1]
-            whose = "this rank's" if peer == r else f"rank {peer}'s"
             raise mismatch(
                 world,
                 spec,
                 root if peer == r else peer,
-                f"{what}: {whose} out= holds {h[at]} elements, root {root}'s blocks hold {count}",
+                f"{_what(spec, root, peer, r)} out= holds {h[at]} elements, root {root}'s "
+                f"blocks hold {count}",
             )
     return h
+
+
+def _what(spec: OpSpec, root: int, peer: int, rank: int) -> str:
+    """The start of a mismatch's message: the call, and whose ``out=`` does not fit (made
+    only when one does not: the string cost 1 us of every 4-byte scatter that passed
+    ``out=``)."""
+    whose = "this rank's" if peer == rank else f"rank {peer}'s"
+    return f"{spec.kind.label}(root={root}) #{spec.seq}: {whose}"
 
 
 def _name(value: object) -> str:
