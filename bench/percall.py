@@ -9,7 +9,16 @@ shared-segment algorithm alone, plus the schedule point the call owes when it di
 ``bare`` a Trio checkpoint loop, the floor under all three.
 
 Part 2, timers at the phase boundaries of the algorithm (the same steps as
-``shm_allreduce``, written out), summed over the calls, per rank.
+``shm_allreduce``, written out), summed over the calls, per rank; and the schedule point
+alone, where a call takes it after the reduction (its peer had published first, so it had
+no wait to take it in): the median over those calls, and how many they were. A call's
+Python leaves the caches, and what predicts the interpreter's branches, holding its own
+code and data, and the scheduler's pass then costs more than in a loop of nothing else
+(``bare``): on the Intel machine of 2026-12-07, 4.6-5.0 us here against 3.8-4.0 (two
+launches; taken in 54-65 % of the calls on each rank), and 7.7-7.8 us inside the public
+call, whose path runs more Python (timers in ``CommunicatorCore._run``, a scratch copy of
+the source); 9-10 us at the end of a 4-byte scatter's root. ``bench/paired.py``'s "floor +
+Trio" takes its point after far less Python, and so pays less for it.
 
 It reaches into trioring's internals (``comm._world``, ``comm._seq``) to time the layers
 apart; every call still goes through the segment's real protocol, so the ranks stay in step.
@@ -77,6 +86,7 @@ async def main(size: int, calls: int) -> None:
 
         names = ("identity", "slot+claim", "write", "publish", "wait", "reduce", "checkpoint")
         sums = [0] * len(names)
+        points: list[int] = []
         clock = time.perf_counter_ns
         await comm.barrier()
         for _ in range(calls):
@@ -102,6 +112,7 @@ async def main(size: int, calls: int) -> None:
             t6 = clock()
             if comm._waits.count == waits:
                 await trio.lowlevel.cancel_shielded_checkpoint()
+                points.append(clock() - t6)
             t7 = clock()
             for i, (a, b) in enumerate(
                 ((t0, t1), (t1, t2), (t2, t3), (t3, t4), (t4, t5), (t5, t6), (t6, t7))
@@ -114,7 +125,10 @@ async def main(size: int, calls: int) -> None:
             + " ".join(
                 f"{name} {total / calls / 1000:.2f}"
                 for name, total in zip(names, sums, strict=True)
-            ),
+            )
+            + f"; the schedule point where taken after the reduction "
+            f"{statistics.median(points) / 1000 if points else 0.0:.2f} "
+            f"({len(points)} of {calls} calls)",
             flush=True,
         )
 

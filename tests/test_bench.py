@@ -149,6 +149,7 @@ def test_percall_script_runs() -> None:
     for rank in (0, 1):
         assert f"rank {rank}: ladder" in stdout, stdout
         assert f"rank {rank}: phases" in stdout, stdout
+    assert stdout.count("the schedule point where taken after the reduction") == 2, stdout
 
 
 @pytest.mark.parametrize("collective", ["broadcast", "reduce"])
