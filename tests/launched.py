@@ -37,6 +37,20 @@ WORKERS_DIR = Path(__file__).parent / "workers"
 SCRUBBED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
+def threads_expected(world_size: int) -> bool:
+    """Whether ranks forked or launched from this process on one host, with cross-memory
+    attach and the shared segment, have ``"threads"`` among their features: they inherit
+    this process's CPUs, which must number two for every reader of a broadcast."""
+    import trioring
+    from trioring._onehost._cma_collectives import READ_THREADS
+
+    return (
+        trioring.is_available("threads")
+        and len(os.sched_getaffinity(0)) >= READ_THREADS * (world_size - 1)
+        and world_size > 1
+    )
+
+
 def base_env() -> dict[str, str]:
     """This process's environment without rendezvous or trioring settings."""
     env = {

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import trioring
-from launched import run_reports
+from launched import run_reports, threads_expected
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -49,4 +49,6 @@ def test_every_collective(
         assert features == {frozenset()}
     else:
         expected = {name for name in ("cma", "shm") if trioring.is_available(name)}
+        if threads_expected(n):
+            expected.add("threads")
         assert features == {frozenset(expected)}

@@ -21,6 +21,7 @@ from ._methods import (
     ReduceMethods,
     ScanMethods,
 )
+from ._onehost import _cma_collectives
 from ._util import NoPublicConstructor
 from ._wire import DTYPE_CODES, Kind
 
@@ -108,13 +109,18 @@ class Communicator(
         """The gated fast paths this communicator uses (see :func:`trioring.capabilities`):
         ``"cma"`` when all ranks agreed at opening to move large arrays by cross-memory
         attach, ``"shm"`` when they agreed to pass small ones through a shared segment,
-        ``"spin"`` when receives poll briefly before parking. The same on every rank for
-        ``"cma"`` and ``"shm"``; ``"spin"`` is a local choice."""
+        ``"threads"`` when, with both, the ranks' CPUs let a large broadcast's readers read
+        in threads, ``"spin"`` when receives poll briefly before parking. The same on every
+        rank but ``"spin"``, a local choice."""
         features = set()
-        if self._world.peer_pids is not None:
+        world = self._world
+        if world.peer_pids is not None:
             features.add("cma")
-        if self._world.shm is not None:
+        if world.shm is not None:
             features.add("shm")
+        big = _cma_collectives.READ_THREADS_MIN_BYTES
+        if _cma_collectives.read_threads(world, big, world.size - 1) > 1:
+            features.add("threads")
         if any(link.spin_seconds for link in self._links.values()):
             features.add("spin")
         return frozenset(features)
@@ -253,7 +259,7 @@ class Communicator(
         nbytes = flat.nbytes
         name = self._forced.get("broadcast") if self._forced else None
         if name is None:
-            name = _decision.broadcast(nbytes, world.shm is not None, world.peer_pids is not None)
+            name = _broadcast.decide(world, nbytes)
         elif (why := _broadcast.unrunnable(name, world, nbytes)) is not None:
             raise self._invalid(kind, why)
         await self._run(

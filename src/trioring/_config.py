@@ -57,6 +57,9 @@ class Config:
     cma: bool = True
     #: Whether this rank offers a shared segment for small collectives (TRIORING_SHM).
     shm: bool = True
+    #: Whether this rank offers to read large arrays from its peers in two threads where
+    #: the host's CPUs allow (TRIORING_THREADS; see _onehost._cma_collectives.read_threads).
+    threads: bool = True
     #: Seconds without an answer from a peer's host before its TCP connection fails
     #: (TRIORING_PEER_TIMEOUT); None when turned off.
     peer_timeout: float | None = DEFAULT_PEER_TIMEOUT
@@ -261,6 +264,7 @@ def resolve(
         spin_given=bool(env.get("TRIORING_SPIN_US", "").strip()),
         cma=_flag(env, "TRIORING_CMA", default=True),
         shm=_flag(env, "TRIORING_SHM", default=True),
+        threads=_flag(env, "TRIORING_THREADS", default=True),
         peer_timeout=peer_timeout(env),
         algorithms=_decision.parse_forced(env),
     )

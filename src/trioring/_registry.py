@@ -11,7 +11,7 @@ import attrs
 
 from ._config import DEFAULT_SPIN_US, spin_seconds
 from ._errors import ConfigurationError, TransportUnavailable
-from ._onehost import _cma, _shm
+from ._onehost import _cma, _cma_collectives, _shm
 from ._p2p import CMA_EAGER_BYTES, EAGER_BYTES
 from .transports import MemoryTransport, TcpTransport, Transport, UnixTransport
 
@@ -143,6 +143,17 @@ def _shm_unavailable() -> str | None:
     return None
 
 
+def _threads_unavailable() -> str | None:
+    if os.environ.get("TRIORING_THREADS", "").strip() == "0":
+        return "turned off by TRIORING_THREADS=0"
+    cma, shm = _cma.unavailable_reason(), _shm_unavailable()
+    if cma is not None or shm is not None:
+        return f"needs cma and shm: {cma or shm}"
+    if len(os.sched_getaffinity(0)) < _cma_collectives.READ_THREADS:
+        return "this process may run on one CPU only"
+    return None
+
+
 def _features() -> list[Capability]:
     return [
         Capability(
@@ -179,6 +190,15 @@ def _features() -> list[Capability]:
                 "they park; 0 turns it off. By default not where a peer on this host can run "
                 "only on the one CPU this rank may use (it could not answer while we poll), "
                 "nor, on one CPU, over TCP (the peers' CPUs are not known)",
+            ),
+            (
+                "threads",
+                _threads_unavailable(),
+                "a rank on one host that reads a large array from a peer while the others "
+                "only wait (a broadcast of "
+                f"{_cma_collectives.READ_THREADS_MIN_BYTES // 2**20} MiB or more) reads it in "
+                f"{_cma_collectives.READ_THREADS} threads, where the ranks on the host have "
+                "that many CPUs for every such reader; off with TRIORING_THREADS=0",
             ),
         )
     ]

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 
 from .. import _algorithms
 from .._onehost import _cma_collectives, _pipe, _shm, _shm_collectives
+from . import _decision
 from ._checks import agree
 
 if TYPE_CHECKING:
@@ -17,7 +18,18 @@ if TYPE_CHECKING:
     from .._algorithms import World
     from .._wire import OpSpec
 
-__all__ = ["body", "unrunnable"]
+__all__ = ["body", "decide", "unrunnable"]
+
+
+def decide(world: World, nbytes: int) -> str:
+    """The decision table's algorithm for a broadcast of ``nbytes`` here."""
+    threads = (
+        nbytes >= _cma_collectives.READ_THREADS_MIN_BYTES
+        and _cma_collectives.read_threads(world, nbytes, world.size - 1) > 1
+    )
+    return _decision.broadcast(
+        nbytes, world.shm is not None, world.peer_pids is not None, threads=threads
+    )
 
 
 def unrunnable(name: str, world: World, nbytes: int) -> str | None:

@@ -11,6 +11,8 @@ allreduce   "cma", and "shm" or nbytes > CMA_MIN_BYTES              ``cma``
 allreduce   nbytes <= min(SMALL_ALLREDUCE_BYTES, chunk_bytes)       ``recursive_doubling``
 allreduce   otherwise                                               ``ring``
 broadcast   "shm" and nbytes <= SHM_MAX_BYTES                       ``shm``
+broadcast   "shm" and "cma", the readers in threads (nbytes >=      ``cma``
+            READ_THREADS_MIN_BYTES and two CPUs for each reader)
 broadcast   "shm" (larger arrays, through the segment's pipe)       ``pipe``
 broadcast   "cma" and nbytes > CMA_MIN_BYTES                        ``cma``
 broadcast   otherwise                                               ``tree``
@@ -190,10 +192,13 @@ def allreduce(nbytes: int, shm_bytes: int, cma: bool, small_bytes: int) -> str:
     return "ring"
 
 
-def broadcast(nbytes: int, shm: bool, cma: bool) -> str:
-    """The broadcast row for an array of ``nbytes``."""
+def broadcast(nbytes: int, shm: bool, cma: bool, *, threads: bool = False) -> str:
+    """The broadcast row for an array of ``nbytes``; ``threads``: its readers would read it
+    in threads (see _onehost._cma_collectives.read_threads)."""
     if shm:
-        return "shm" if nbytes <= SHM_MAX_BYTES else "pipe"
+        if nbytes <= SHM_MAX_BYTES:
+            return "shm"
+        return "cma" if cma and threads else "pipe"
     if cma and nbytes > CMA_MIN_BYTES:
         return "cma"
     return "tree"

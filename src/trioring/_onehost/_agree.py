@@ -107,7 +107,8 @@ async def agree_on_shm(
     rank (up to WAKER_MAX_RANKS), through which peers wake its parked waits. Off without polling
     (TRIORING_SPIN_US=0, or a peer that can run only on this rank's one CPU), where every
     wait would park. Each rank's answer at offset 3 also says whether it shares its CPUs
-    with more ranks than there are of them (see :attr:`_shm.SharedSlots.crowded`)."""
+    with more ranks than there are of them (see :attr:`_shm.SharedSlots.crowded`), and how
+    many CPUs it counts for all the ranks together (see :attr:`_shm.SharedSlots.cpus`)."""
     spec = OpSpec(Kind.SETUP, 0)
     offer = config.shm and config.spin_seconds > 0 and _shm.unavailable_reason() is None
     # The segment, then every rank's eventfd (see SharedSlots.wake_parked).
@@ -146,7 +147,10 @@ async def agree_on_shm(
             os.close(fd)
     try:
         crowded = cpus.oversubscribed(config.world_size)
-        verdict = memoryview(struct.pack("<Q", (slots is not None) | crowded << 1))
+        # The CPUs all ranks may run on, by this rank's count (0: unknown, or no threads
+        # offered), in bits 8-31: the least count is every rank's.
+        together = min(cpus.together(), _CPUS_MAX) if config.threads else 0
+        verdict = memoryview(struct.pack("<Q", (slots is not None) | crowded << 1 | together << 8))
         for link in links.values():
             await link.send(spec, 3, verdict)
         agreed = slots is not None
@@ -156,6 +160,7 @@ async def agree_on_shm(
             (word,) = struct.unpack("<Q", answer)
             agreed = agreed and word & 1 == 1
             crowded = crowded or word & 2 == 2
+            together = min(together, word >> 8 & _CPUS_MAX)
     except BaseException:
         if slots is not None:
             slots.close()
@@ -165,9 +170,12 @@ async def agree_on_shm(
         slots = None
     if slots is not None:
         slots.crowded = crowded
+        slots.cpus = together
     return slots
 
 
+#: The most CPUs a rank's verdict counts (24 bits of it).
+_CPUS_MAX = (1 << 24) - 1
 #: How many descriptors the frame carries: the segment's and every rank's eventfd, or none.
 _SEGMENT = struct.Struct("<Q")
 

@@ -53,6 +53,13 @@ class Cpus:
             return False
         return not any(cpus <= self.mine for cpus in self.peers)
 
+    def together(self) -> int:
+        """How many CPUs this rank and its one-host peers may run on, all of them together;
+        0 where a peer's are not known."""
+        if self.peers is None:
+            return 0
+        return len(self.mine.union(*self.peers))
+
     def oversubscribed(self, world_size: int) -> bool:
         """Whether this rank shares its CPUs with more ranks than there are CPUs among them
         (this rank, and every peer that may run on one of its CPUs): then a wait yields the

@@ -274,6 +274,12 @@ class SharedSlots:
         #: copies whole, not in pieces (see BROADCAST_PIECE_MIN_BYTES), since its readers
         #: may not run while the root copies, and the choice must be every rank's.
         self.crowded = True
+        #: How many CPUs the ranks of the communicator may run on, all of them together: the
+        #: least any rank counted, the same on every rank, agreed with the segment (0:
+        #: unknown, or a rank that offers no threads, TRIORING_THREADS=0). Where there are
+        #: two for every rank that reads while the others wait, such a reader reads in
+        #: two threads (see _cma_collectives.read_threads).
+        self.cpus = 0
         #: The last collective this rank published in each slot parity (0: none yet).
         self.last_used = [0, 0]
         slots_at = 2 * world_size * LINE

@@ -147,18 +147,20 @@ async def shm_ready(world: World, spec: OpSpec) -> None:
     await shm_reach(world, spec, slots.peer_ready)
 
 
-async def shm_finish(world: World, spec: OpSpec) -> None:
+async def shm_finish(world: World, spec: OpSpec, *, park: bool = False) -> None:
     """:func:`shm_done`, then return once every peer has said the same: no peer is still
     reading what this rank exposed of ``spec``'s call (its slot, or its arrays by
     cross-memory attach), and none gave up in the call (that raises its reason). Every rank
     waits for every rank, so one that returns has seen all done words at ``spec``'s
     sequence number, and a frame of its next call that reaches a peer still waiting here is
-    recognised as such (see :func:`_shm_check_links`)."""
+    recognised as such (see :func:`_shm_check_links`). ``park``: the wait parks at once
+    instead of polling first (a broadcast's root while its readers read in threads, which
+    need the CPU it would poll on)."""
     slots = world.shm
     assert slots is not None
     seq, seqs = spec.seq, slots.seqs
     slots.store(slots.own_done, seq)
-    await shm_reach(world, spec, slots.peer_done)
+    await shm_reach(world, spec, slots.peer_done, park=park)
     for peer, word in zip(slots.peers, slots.peer_words, strict=True):
         if seqs[word + 1] == BROKEN and seqs[word + FINISHED] < seq:
             # It gave up before it finished this call: its abort frame says why.
@@ -167,24 +169,34 @@ async def shm_finish(world: World, spec: OpSpec) -> None:
             raise link.protocol_error(spec, "gave up on the shared segment but sent no reason")
 
 
-async def shm_reach(world: World, spec: OpSpec, words: list[int], target: int = 0) -> None:
+async def shm_reach(
+    world: World, spec: OpSpec, words: list[int], target: int = 0, *, park: bool = False
+) -> None:
     """Return once every word of ``words`` has reached ``target`` (default: ``spec``'s
     sequence number), as :func:`shm_wait` does inline on the small collectives' path. A
     peer that gives up or dies never writes its word, but its abort frame (or closed
-    connection) ends the wait with the error it means."""
+    connection) ends the wait with the error it means. ``park``: see :func:`shm_finish`."""
     slots = world.shm
     assert slots is not None
     seq, seqs = target or spec.seq, slots.seqs
     for word in words:
         if seqs[word] < seq:
-            await _shm_poll(world, spec, [w for w in words if seqs[w] < seq], seq)
+            late = [w for w in words if seqs[w] < seq]
+            await _shm_poll(world, spec, late, seq, park=park)
             return
 
 
 async def _shm_poll(
-    world: World, spec: OpSpec, late: list[int], target: int = 0, *, pointed: bool = False
+    world: World,
+    spec: OpSpec,
+    late: list[int],
+    target: int = 0,
+    *,
+    pointed: bool = False,
+    park: bool = False,
 ) -> None:
-    """Wait until every word of ``late`` reaches ``target`` (default: ``spec``'s seq)."""
+    """Wait until every word of ``late`` reaches ``target`` (default: ``spec``'s seq);
+    ``park``: after one look, without polling."""
     slots = world.shm
     assert slots is not None
     seq, seqs = target or spec.seq, slots.seqs
@@ -205,7 +217,7 @@ async def _shm_poll(
         if not late:
             return
     start = time.perf_counter()
-    deadline = start + max(SHM_SPIN_SECONDS, any_link.spin_seconds)
+    deadline = start if park else start + max(SHM_SPIN_SECONDS, any_link.spin_seconds)
     slice_end = start + SPIN_SLICE_SECONDS
     statistics = trio.lowlevel.current_statistics
     ask_every = 0.0 if slots.oversubscribed else _SPIN_ASK_SECONDS
