@@ -237,11 +237,11 @@ async def _read_shares(
     share = -(-total // threads)
     share += -share % _PAGE
     bounds = [(lo, min(lo + share, total)) for lo in range(0, total, share)]
-    helpers = len(bounds) - 1
     stopping = threading.Event()
     outcomes: list[Outcome[None]] = []
     ended = trio.Event()
     token = trio.lowlevel.current_trio_token()
+    started = 0
 
     def read(lo: int, hi: int) -> None:  # in a helper thread
         while lo < hi and not stopping.is_set():
@@ -250,20 +250,25 @@ async def _read_shares(
             lo += step
 
     def deliver(result: Outcome[None]) -> None:  # in the helper thread, once read ended
-        outcomes.append(result)
-        if len(outcomes) == helpers:
-            token.run_sync_soon(ended.set)
+        token.run_sync_soon(arrived, result)
 
-    for lo, hi in bounds[1:]:
-        trio.lowlevel.start_thread_soon(functools.partial(read, lo, hi), deliver)
+    def arrived(result: Outcome[None]) -> None:  # in Trio's thread: after every start
+        outcomes.append(result)
+        if len(outcomes) == started:
+            ended.set()
+
     try:
+        for lo, hi in bounds[1:]:
+            trio.lowlevel.start_thread_soon(functools.partial(read, lo, hi), deliver)
+            started += 1
         await _read_range(world, spec, peer, address, local, *bounds[0])
     except BaseException:
         stopping.set()
         raise
     finally:
-        with trio.CancelScope(shield=True):
-            await ended.wait()
+        if len(outcomes) < started:
+            with trio.CancelScope(shield=True):
+                await ended.wait()
     for result in outcomes:
         try:
             result.unwrap()
