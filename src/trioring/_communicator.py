@@ -241,9 +241,12 @@ class Communicator(
         have (above 192 KiB on Intel CPUs, where every rank has a CPU of its own, piece
         by piece while the root copies the next); larger arrays stream through the
         segment's pipe, chunk by chunk, and every rank returns once all have copied the
-        whole array. Without a segment, above ``CMA_MIN_BYTES`` with cross-memory attach
-        (see :meth:`allreduce`), every rank copies the root's array directly instead, and
-        the root returns once all have.
+        whole array; but where the ranks' CPUs number two for every rank that copies
+        (``"threads"`` in :attr:`features`), arrays of ``READ_THREADS_MIN_BYTES`` and more
+        go by cross-memory attach, each other rank copying the root's array directly in two
+        threads at once while the root waits. Without a segment, above ``CMA_MIN_BYTES``
+        with cross-memory attach (see :meth:`allreduce`), every rank copies the root's
+        array directly instead. By cross-memory attach the root returns once all have.
 
         Raises:
             InvalidArgumentError: bad array or ``root`` not in ``range(world_size)``.
