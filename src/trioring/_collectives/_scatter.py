@@ -141,7 +141,7 @@ def plan_scatter(
         h, _, slots = await _header_round(world, spec, header, checked_root, payload)
         if slots is not None:
             if by == "cma":
-                announced = _copies.scatter_words(_copies.slot_bytes(world, spec), _HEADER_BYTES)
+                announced = _copies.scatter_words(world, spec, _HEADER_BYTES)
             elif by != "pipe":
                 shm_done(world, spec)
         any_out = h[_ANY_OUT]
@@ -342,9 +342,7 @@ def _scatter_elsewhere(
                 # With a segment, the root's address came with the header (and this rank's
                 # done word waits for the end of the copy).
                 announced = (
-                    None
-                    if slots is None
-                    else _copies.scatter_words(_copies.slot_bytes(world, spec), _HEADER_BYTES)
+                    None if slots is None else _copies.scatter_words(world, spec, _HEADER_BYTES)
                 )
                 await _copies.cma_scatter(world, data, None, result, root, announced)
                 return

@@ -213,17 +213,18 @@ async def read_peer(
     assert world.peer_pids is not None
     local = _cma.data_address(into)
     if threads > 1 and into.nbytes > _PAGE:
-        await _read_shares(world, spec, peer, address, into, threads)
+        await _read_shares(world, spec, peer, address, local, into.nbytes, threads)
         return
     await _read_range(world, spec, peer, address, local, 0, into.nbytes)
 
 
 async def _read_shares(
-    world: World, spec: OpSpec, peer: int, address: int, into: np.ndarray, threads: int
+    world: World, spec: OpSpec, peer: int, address: int, local: int, total: int, threads: int
 ) -> None:
-    """:func:`read_peer` in ``threads`` shares of whole pages, read at once: this task reads
-    the first as :func:`read_peer` reads, and a helper thread (from Trio's cache,
-    ``trio.lowlevel.start_thread_soon``) each of the others, in reads of up to
+    """:func:`read_peer` of ``total`` bytes to ``local`` (here) in ``threads`` shares of
+    whole pages, read at once: this task reads the first as :func:`read_peer` reads, and
+    a helper thread (from Trio's cache, ``trio.lowlevel.start_thread_soon``) each of the
+    others, in reads of up to
     ``_READ_STEP_BYTES`` that hold no lock (``process_vm_readv`` through ctypes releases
     the GIL). The helpers start before this task reads, and this returns or raises only
     once every helper has ended: none outlives the call. Cancelled, or failing in its own
@@ -232,8 +233,6 @@ async def _read_shares(
     died) raises as this task's own would."""
     assert world.peer_pids is not None
     pid = world.peer_pids[peer]
-    local = _cma.data_address(into)
-    total = into.nbytes
     share = -(-total // threads)
     share += -share % _PAGE
     bounds = [(lo, min(lo + share, total)) for lo in range(0, total, share)]

@@ -291,9 +291,11 @@ def scatter_address(blocks: np.ndarray) -> np.ndarray:
     return np.array([data_address(blocks), blocks.nbytes], dtype=np.uint64)
 
 
-def scatter_words(rows: np.ndarray, header_nbytes: int) -> np.ndarray:
-    """The ``(n, 2)`` address words in the slots :func:`shm_post` returned, where
-    :func:`scatter_address` put the root's (only the root's mean anything)."""
+def scatter_words(world: World, spec: OpSpec, header_nbytes: int) -> np.ndarray:
+    """The ``(n, 2)`` address words in the slots :func:`shm_post` published for ``spec``,
+    after headers of ``header_nbytes``, where :func:`scatter_address` put the root's (only
+    the root's mean anything)."""
+    rows = slot_bytes(world, spec)
     return rows[:, header_nbytes : header_nbytes + 16].view(np.uint64)
 
 
