@@ -51,6 +51,19 @@ def threads_expected(world_size: int) -> bool:
     )
 
 
+def push_expected(world_size: int) -> bool:
+    """Whether ranks forked or launched from this process on one host, with cross-memory
+    attach and the shared segment, have ``"push"`` among their features: they inherit this
+    process's CPUs, which must number one for every rank."""
+    import trioring
+
+    return (
+        trioring.is_available("push")
+        and len(os.sched_getaffinity(0)) >= world_size
+        and world_size > 1
+    )
+
+
 def base_env() -> dict[str, str]:
     """This process's environment without rendezvous or trioring settings."""
     env = {

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import trioring
-from launched import run_reports, threads_expected
+from launched import push_expected, run_reports, threads_expected
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -51,4 +51,6 @@ def test_every_collective(
         expected = {name for name in ("cma", "shm") if trioring.is_available(name)}
         if threads_expected(n):
             expected.add("threads")
+        if push_expected(n):
+            expected.add("push")
         assert features == {frozenset(expected)}

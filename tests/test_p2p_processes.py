@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import trioring
-from launched import run_killed, run_reports, threads_expected
+from launched import push_expected, run_killed, run_reports, threads_expected
 
 WORKER = Path(__file__).parent / "workers" / "groups_worker.py"
 CMA_HERE = trioring.is_available("cma")
@@ -40,11 +40,12 @@ def test_issue_snippet(tmp_path: Path, transport: str, n: int) -> None:
         assert report["obj"] == {"step": 3, "from": left}
         if transport == "unix" and len(members) > 1:
             # The one-host paths keep working in a sub-communicator whose ranks all qualify;
-            # "threads" where the half's CPUs are enough for its fewer readers (each
-            # communicator counts its own ranks' CPUs, as it judges crowding).
+            # "threads" and "push" where the half's CPUs are enough for its fewer ranks
+            # (each communicator counts its own ranks' CPUs, as it judges crowding).
             half, world = set(report["half_features"]), set(report["features"])
-            assert half - {"threads"} == world - {"threads"}, report
+            assert half - {"threads", "push"} == world - {"threads", "push"}, report
             assert ("threads" in half) is threads_expected(len(members)), report
+            assert ("push" in half) is push_expected(len(members)), report
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])

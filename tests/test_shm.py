@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import trioring
-from launched import threads_expected
+from launched import push_expected, threads_expected
 from trioring._onehost import _shm
 
 if TYPE_CHECKING:
@@ -39,8 +39,11 @@ def error_of(report: dict[str, Any], step: str) -> dict[str, Any]:
 def test_results_are_bitwise_those_of_recursive_doubling(worlds: Worlds, world_size: int) -> None:
     world = worlds.start(SCRIPT, "exact", world_size=world_size, mode="unix-dir")
     threads = ["threads"] if threads_expected(world_size) else []
+    push = ["push"] if push_expected(world_size) else []
     for report in world.finish():
-        assert report["features"] == ["cma", "shm", "spin", *threads] or report["features"] == [
+        assert report["features"] == ["cma", *push, "shm", "spin", *threads] or report[
+            "features"
+        ] == [
             "shm",
             "spin",
         ], report["features"]

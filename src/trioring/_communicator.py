@@ -21,7 +21,7 @@ from ._methods import (
     ReduceMethods,
     ScanMethods,
 )
-from ._onehost import _cma_collectives
+from ._onehost import _cma_collectives, _push
 from ._util import NoPublicConstructor
 from ._wire import DTYPE_CODES, Kind
 
@@ -110,8 +110,10 @@ class Communicator(
         ``"cma"`` when all ranks agreed at opening to move large arrays by cross-memory
         attach, ``"shm"`` when they agreed to pass small ones through a shared segment,
         ``"threads"`` when, with both, the ranks' CPUs let a large broadcast's readers read
-        in threads, ``"spin"`` when receives poll briefly before parking. The same on every
-        rank but ``"spin"``, a local choice."""
+        in threads, ``"push"`` when, with both, every rank has a CPU of its own and a
+        broadcast's root writes a share of a large array into the readers' arrays while
+        they read the rest, ``"spin"`` when receives poll briefly before parking. The same
+        on every rank but ``"spin"``, a local choice."""
         features = set()
         world = self._world
         if world.peer_pids is not None:
@@ -121,6 +123,8 @@ class Communicator(
         big = _cma_collectives.READ_THREADS_MIN_BYTES
         if _cma_collectives.read_threads(world, big, world.size - 1) > 1:
             features.add("threads")
+        if _push.push_bytes(world, _push.PUSH_MIN_BYTES) > 0:
+            features.add("push")
         if any(link.spin_seconds for link in self._links.values()):
             features.add("spin")
         return frozenset(features)
@@ -239,12 +243,19 @@ class Communicator(
         Up to ``SHM_MAX_BYTES`` with a shared segment (``"shm"``), the root writes its
         array there and every rank its call's identity, and the others copy it once all
         have (above 192 KiB on Intel CPUs, where every rank has a CPU of its own, piece
-        by piece while the root copies the next); larger arrays stream through the
-        segment's pipe, chunk by chunk, and every rank returns once all have copied the
-        whole array; but where the ranks' CPUs number two for every rank that copies
-        (``"threads"`` in :attr:`features`), arrays of ``READ_THREADS_MIN_BYTES`` and more
-        go by cross-memory attach, each other rank copying the root's array directly in two
-        threads at once while the root waits. Without a segment, above ``CMA_MIN_BYTES``
+        by piece while the root copies the next). Larger arrays, where every rank has a
+        CPU of its own (``"push"`` in :attr:`features`), go by cross-memory attach: each
+        other rank copies the root's array directly, all but its last ``1/n``, which the
+        root writes into it meanwhile; the call returns on a reader once both are done, and
+        a reader that leaves early (cancelled, failing) first waits for the root's write
+        in progress to end, at most one step of ``PUSH_STEP_BYTES`` (while the root runs:
+        a root stopped by a signal or a debugger at that moment holds it until it runs
+        again or dies). Otherwise they stream through the segment's pipe, chunk by chunk,
+        and every rank returns once all have copied the whole array; but where the ranks'
+        CPUs number two for every rank that copies (``"threads"``), arrays of
+        ``READ_THREADS_MIN_BYTES`` and more go by cross-memory attach, each other rank
+        copying the root's array directly in two threads at once while the root waits.
+        Without a segment, above ``CMA_MIN_BYTES``
         with cross-memory attach (see :meth:`allreduce`), every rank copies the root's
         array directly instead. By cross-memory attach the root returns once all have.
 

@@ -60,6 +60,10 @@ class Config:
     #: Whether this rank offers to read large arrays from its peers in two threads where
     #: the host's CPUs allow (TRIORING_THREADS; see _onehost._cma_collectives.read_threads).
     threads: bool = True
+    #: Whether this rank offers, where every rank of the host has a CPU, to have a
+    #: broadcast's root write a share of its array into the readers' arrays (TRIORING_PUSH;
+    #: see _onehost._push).
+    push: bool = True
     #: Seconds without an answer from a peer's host before its TCP connection fails
     #: (TRIORING_PEER_TIMEOUT); None when turned off.
     peer_timeout: float | None = DEFAULT_PEER_TIMEOUT
@@ -265,6 +269,7 @@ def resolve(
         cma=_flag(env, "TRIORING_CMA", default=True),
         shm=_flag(env, "TRIORING_SHM", default=True),
         threads=_flag(env, "TRIORING_THREADS", default=True),
+        push=_flag(env, "TRIORING_PUSH", default=True),
         peer_timeout=peer_timeout(env),
         algorithms=_decision.parse_forced(env),
     )

@@ -54,12 +54,16 @@ class LinkErrors:
     def _context(self, spec: OpSpec) -> str:
         return f"rank {self.rank}: {spec.named()}"
 
-    def memory_failed(self, spec: OpSpec, error: OSError) -> PeerFailedError:
-        """The error for a failed cross-memory read from this link's peer."""
+    def memory_failed(
+        self, spec: OpSpec, error: OSError, *, wrote: bool = False
+    ) -> PeerFailedError:
+        """The error for a failed cross-memory read from this link's peer (or write into
+        it: ``wrote``)."""
+        verb = "write into" if wrote else "read"
         return self.peer_failed(
             spec,
-            f"could not read the memory of peer rank {self.peer} ({error.strerror}; the peer "
-            "exited or left the collective)",
+            f"could not {verb} the memory of peer rank {self.peer} ({error.strerror}; the "
+            "peer exited or left the collective)",
         )
 
     def protocol_error(self, spec: OpSpec, detail: str) -> ProtocolError:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import platform
 from typing import Literal, final
 
 import attrs
 
 from ._config import DEFAULT_SPIN_US, spin_seconds
 from ._errors import ConfigurationError, TransportUnavailable
-from ._onehost import _cma, _cma_collectives, _shm
+from ._onehost import _cma, _cma_collectives, _push, _shm
 from ._p2p import CMA_EAGER_BYTES, EAGER_BYTES
 from .transports import MemoryTransport, TcpTransport, Transport, UnixTransport
 
@@ -154,6 +155,17 @@ def _threads_unavailable() -> str | None:
     return None
 
 
+def _push_unavailable() -> str | None:
+    if os.environ.get("TRIORING_PUSH", "").strip() == "0":
+        return "turned off by TRIORING_PUSH=0"
+    cma, shm = _cma.unavailable_reason(), _shm_unavailable()
+    if cma is not None or shm is not None:
+        return f"needs cma and shm: {cma or shm}"
+    if not _cma.STORES_IN_ORDER:
+        return f"needs x86-64's store order (this is {platform.machine()})"
+    return _cma.write_unavailable_reason()
+
+
 def _features() -> list[Capability]:
     return [
         Capability(
@@ -199,6 +211,14 @@ def _features() -> list[Capability]:
                 f"{_cma_collectives.READ_THREADS_MIN_BYTES // 2**20} MiB or more) reads it in "
                 f"{_cma_collectives.READ_THREADS} threads, where the ranks on the host have "
                 "that many CPUs for every such reader; off with TRIORING_THREADS=0",
+            ),
+            (
+                "push",
+                _push_unavailable(),
+                "a broadcast's root on one host writes a share of a large array (from "
+                f"{_push.PUSH_MIN_BYTES // 2**20} MiB, below the sizes read in threads) "
+                "straight into the other ranks' arrays (process_vm_writev) while they read "
+                "the rest, where every rank has a CPU of its own; off with TRIORING_PUSH=0",
             ),
         )
     ]

@@ -167,6 +167,9 @@ async def interrupted(comm: trioring.Communicator, rank: int, mode: str) -> dict
 
 async def main(mode: str, out_dir: Path) -> int:
     rank = int(os.environ["RANK"])
+    # Where the root may write into the readers' arrays, it does, and nobody reads in
+    # threads (see _onehost._push): here they must.
+    os.environ["TRIORING_PUSH"] = "0"
     if os.environ.get("THREADS_OFF_RANK") == str(rank):
         os.environ["TRIORING_THREADS"] = "0"
     with trio.fail_after(120):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .. import _algorithms
-from .._onehost import _cma_collectives, _pipe, _shm, _shm_collectives
+from .._onehost import _cma_collectives, _pipe, _push, _shm, _shm_collectives
 from . import _decision
 from ._checks import agree
 
@@ -23,7 +23,7 @@ __all__ = ["body", "decide", "unrunnable"]
 
 def decide(world: World, nbytes: int) -> str:
     """The decision table's algorithm for a broadcast of ``nbytes`` here."""
-    threads = (
+    threads = _push.push_bytes(world, nbytes) > 0 or (
         nbytes >= _cma_collectives.READ_THREADS_MIN_BYTES
         and _cma_collectives.read_threads(world, nbytes, world.size - 1) > 1
     )

@@ -12,7 +12,9 @@ allreduce   nbytes <= min(SMALL_ALLREDUCE_BYTES, chunk_bytes)       ``recursive_
 allreduce   otherwise                                               ``ring``
 broadcast   "shm" and nbytes <= SHM_MAX_BYTES                       ``shm``
 broadcast   "shm" and "cma", the readers in threads (nbytes >=      ``cma``
-            READ_THREADS_MIN_BYTES and two CPUs for each reader)
+            READ_THREADS_MIN_BYTES and two CPUs for each reader),
+            or the root writing a share into theirs ("push":
+            nbytes >= PUSH_MIN_BYTES and a CPU for each rank)
 broadcast   "shm" (larger arrays, through the segment's pipe)       ``pipe``
 broadcast   "cma" and nbytes > CMA_MIN_BYTES                        ``cma``
 broadcast   otherwise                                               ``tree``
@@ -194,7 +196,8 @@ def allreduce(nbytes: int, shm_bytes: int, cma: bool, small_bytes: int) -> str:
 
 def broadcast(nbytes: int, shm: bool, cma: bool, *, threads: bool = False) -> str:
     """The broadcast row for an array of ``nbytes``; ``threads``: its readers would read it
-    in threads (see _onehost._cma_collectives.read_threads)."""
+    in threads (see _onehost._cma_collectives.read_threads), or its root would write a
+    share of it into theirs as they read (_onehost._push.push_bytes)."""
     if shm:
         if nbytes <= SHM_MAX_BYTES:
             return "shm"

@@ -147,10 +147,19 @@ async def agree_on_shm(
             os.close(fd)
     try:
         crowded = cpus.oversubscribed(config.world_size)
-        # The CPUs all ranks may run on, by this rank's count (0: unknown, or no threads
-        # offered), in bits 8-31: the least count is every rank's.
-        together = min(cpus.together(), _CPUS_MAX) if config.threads else 0
-        verdict = memoryview(struct.pack("<Q", (slots is not None) | crowded << 1 | together << 8))
+        # The CPUs all ranks may run on, by this rank's count (0: unknown), in bits 8-31:
+        # the least count is every rank's. Bits 2 and 3: whether this rank offers a
+        # broadcast's root writing into the readers' arrays, and reading in threads (an
+        # older peer, which sends neither, turns both off).
+        together = min(cpus.together(), _CPUS_MAX)
+        push = config.push and _cma.STORES_IN_ORDER and _cma.write_unavailable_reason() is None
+        threads = config.threads
+        verdict = memoryview(
+            struct.pack(
+                "<Q",
+                (slots is not None) | crowded << 1 | push << 2 | threads << 3 | together << 8,
+            )
+        )
         for link in links.values():
             await link.send(spec, 3, verdict)
         agreed = slots is not None
@@ -160,6 +169,8 @@ async def agree_on_shm(
             (word,) = struct.unpack("<Q", answer)
             agreed = agreed and word & 1 == 1
             crowded = crowded or word & 2 == 2
+            push = push and word & 4 == 4
+            threads = threads and word & 8 == 8
             together = min(together, word >> 8 & _CPUS_MAX)
     except BaseException:
         if slots is not None:
@@ -171,6 +182,8 @@ async def agree_on_shm(
     if slots is not None:
         slots.crowded = crowded
         slots.cpus = together
+        slots.push = push
+        slots.threads = threads
     return slots
 
 

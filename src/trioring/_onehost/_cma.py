@@ -23,7 +23,15 @@ if TYPE_CHECKING:
     import numpy as np
     import trio
 
-__all__ = ["CmaError", "data_address", "peer_pid", "read_into", "unavailable_reason"]
+__all__ = [
+    "CmaError",
+    "data_address",
+    "peer_pid",
+    "read_into",
+    "unavailable_reason",
+    "write_into",
+    "write_unavailable_reason",
+]
 
 
 #: Whether this CPU makes a process's stores visible to others in program order (x86-64's
@@ -41,14 +49,14 @@ class _IOVec(ctypes.Structure):
     _fields_ = (("base", ctypes.c_void_p), ("length", ctypes.c_size_t))
 
 
-def _load() -> tuple[object | None, str | None]:
+def _load(name: str = "process_vm_readv") -> tuple[object | None, str | None]:
     if not sys.platform.startswith("linux"):
-        return None, f"process_vm_readv is Linux-only (this is {sys.platform})"
+        return None, f"{name} is Linux-only (this is {sys.platform})"
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        function = libc.process_vm_readv
+        function = getattr(libc, name)
     except (OSError, AttributeError) as exc:
-        return None, f"libc has no process_vm_readv: {exc}"
+        return None, f"libc has no {name}: {exc}"
     function.restype = ctypes.c_ssize_t
     function.argtypes = (
         ctypes.c_int,
@@ -62,6 +70,7 @@ def _load() -> tuple[object | None, str | None]:
 
 
 _readv, _load_error = _load()
+_writev, _write_load_error = _load("process_vm_writev")
 
 
 def _self_test() -> str | None:
@@ -86,15 +95,44 @@ def unavailable_reason() -> str | None:
     return _self_test()
 
 
+def write_unavailable_reason() -> str | None:
+    """Why this process cannot write into a peer's memory (``process_vm_writev``, which the
+    kernel allows where it allows reads, but a seccomp filter may not); None if it can."""
+    if _writev is None:
+        return _write_load_error
+    target = ctypes.create_string_buffer(8)
+    source = ctypes.create_string_buffer(b"trioring", 8)
+    try:
+        write_into(os.getpid(), ctypes.addressof(target), ctypes.addressof(source), 8)
+    except CmaError as exc:
+        return f"process_vm_writev is not permitted here ({exc.strerror}; seccomp or a sandbox?)"
+    if target.raw != source.raw:  # pragma: no cover - the kernel would be broken
+        return "process_vm_writev wrote wrong data"
+    return None
+
+
 def read_into(pid: int, remote: int, local: int, nbytes: int) -> None:
     """Copy ``nbytes`` from address ``remote`` in process ``pid`` to address ``local`` here.
     Raises :class:`CmaError` (with the errno) if the kernel refuses or copies short."""
     assert _readv is not None
+    _copy(_readv, pid, remote, local, nbytes)
+
+
+def write_into(pid: int, remote: int, local: int, nbytes: int) -> None:
+    """Copy ``nbytes`` from address ``local`` here to address ``remote`` in process ``pid``:
+    the reverse of :func:`read_into`, with the same errors. Only into an array that ``pid``
+    announced for this very purpose, and only while it waits for the write (see
+    _cma_collectives.push_into)."""
+    assert _writev is not None
+    _copy(_writev, pid, remote, local, nbytes)
+
+
+def _copy(function: object, pid: int, remote: int, local: int, nbytes: int) -> None:
     done = 0
     while done < nbytes:
         local_iov = _IOVec(local + done, nbytes - done)
         remote_iov = _IOVec(remote + done, nbytes - done)
-        got = _readv(pid, ctypes.byref(local_iov), 1, ctypes.byref(remote_iov), 1, 0)  # type: ignore[operator]
+        got = function(pid, ctypes.byref(local_iov), 1, ctypes.byref(remote_iov), 1, 0)  # type: ignore[operator]
         if got < 0:
             code = ctypes.get_errno()
             raise CmaError(code, os.strerror(code))

@@ -14,7 +14,7 @@ import trio
 
 from .._algorithms import World, chunks
 from .._util import ignore_fp_errors
-from . import _cma
+from . import _cma, _push
 from ._shm_collectives import shm_claim, shm_finish, shm_publish, shm_ready, shm_wait
 
 if TYPE_CHECKING:
@@ -199,7 +199,7 @@ def read_threads(world: World, nbytes: int, readers: int) -> int:
     slots = world.shm
     if slots is None or world.peer_pids is None or nbytes < READ_THREADS_MIN_BYTES:
         return 1
-    return READ_THREADS if 0 < READ_THREADS * readers <= slots.cpus else 1
+    return READ_THREADS if slots.threads and 0 < READ_THREADS * readers <= slots.cpus else 1
 
 
 async def read_peer(
@@ -420,17 +420,35 @@ async def cma_broadcast(world: World, spec: OpSpec, flat: np.ndarray, root: int)
     barrier round has already checked that every rank agrees on ``root``; with one,
     :func:`expose`'s publication does."""
     n, r = world.size, world.rank
-    threads = read_threads(world, flat.nbytes, n - 1)
+    # Where every rank has a CPU, the root writes the end of the array into the readers'
+    # (see _push); this beat reading in threads, which is where pushing is off.
+    push = _push.push_bytes(world, flat.nbytes)
+    threads = 1 if push else read_threads(world, flat.nbytes, n - 1)
     if r == root:
         peers = [q for q in range(n) if q != r]
-        await expose(world, spec, flat, peers)
+        announced = await expose(world, spec, flat, peers)
+        if push:
+            assert announced is not None
+            await _push.push_into(world, spec, announced, flat, peers, push)
         # Where the others read in threads, the core this rank would poll on is theirs.
         await finish(world, spec, (), peers, park=threads > 1)
         return
-    announced = await expose(world, spec, None, ())
-    address = await address_of(world, spec, announced, root, flat.nbytes)
-    await read_peer(world, spec, root, address, flat.view(np.uint8), threads=threads)
-    await finish(world, spec, (root,), ())
+    if not push:
+        announced = await expose(world, spec, None, ())
+        address = await address_of(world, spec, announced, root, flat.nbytes)
+        await read_peer(world, spec, root, address, flat.view(np.uint8), threads=threads)
+        await finish(world, spec, (root,), ())
+        return
+    try:
+        # This rank's array, announced to the root, which writes its end.
+        announced = await expose(world, spec, flat, ())
+        address = await address_of(world, spec, announced, root, flat.nbytes)
+        await read_peer(world, spec, root, address, flat.view(np.uint8)[: flat.nbytes - push])
+        # Returns once the root has said done, after its writes.
+        await finish(world, spec, (root,), ())
+    except BaseException:
+        await _push.pushed(world, spec, root)
+        raise
 
 
 async def cma_reduce_scatter(

@@ -65,6 +65,7 @@ __all__ = [
     "PIPE_CHUNK_BYTES",
     "PRODUCED",
     "PROGRESS_BITS",
+    "PUSHING",
     "READY",
     "SHM_MAX_BYTES",
     "SLOT_BYTES",
@@ -102,6 +103,9 @@ READY = 3
 #: the pipe has got (see _pipe).
 PRODUCED = 4
 CONSUMED = 5
+#: Where a rank's *pushing* word is in its line: a broadcast's root that writes into its
+#: readers' arrays says there when it may be writing (see _push).
+PUSHING = 6
 #: The produced and consumed words hold the call's sequence number above this many bits of
 #: chunk (or piece) count, so that a word left from an earlier call is always behind: 2**24
 #: chunks of 1 MiB, 16 TiB in one call, and 2**40 calls.
@@ -276,10 +280,16 @@ class SharedSlots:
         self.crowded = True
         #: How many CPUs the ranks of the communicator may run on, all of them together: the
         #: least any rank counted, the same on every rank, agreed with the segment (0:
-        #: unknown, or a rank that offers no threads, TRIORING_THREADS=0). Where there are
-        #: two for every rank that reads while the others wait, such a reader reads in
-        #: two threads (see _cma_collectives.read_threads).
+        #: unknown). Where there are two for every rank that reads while the others wait,
+        #: such a reader reads in two threads (see _cma_collectives.read_threads); where
+        #: there is one for every rank, a broadcast's root writes a share of its array into
+        #: the readers' (see _push).
         self.cpus = 0
+        #: Whether every rank offered to read large arrays in threads (TRIORING_THREADS),
+        #: and to have a broadcast's root write into the readers' arrays (TRIORING_PUSH, and
+        #: process_vm_writev works): see _agree.agree_on_shm.
+        self.threads = False
+        self.push = False
         #: The last collective this rank published in each slot parity (0: none yet).
         self.last_used = [0, 0]
         slots_at = 2 * world_size * LINE

@@ -1,0 +1,127 @@
+"""A broadcast's root writing a share of its array into the readers' arrays
+(``_onehost._push``): where every rank of the host has a CPU, above the slots' sizes, the
+root writes the end of the array into each reader's while they read the rest; the call
+still returns only with every byte in place, and no write lands in a reader's array once
+its call has ended, however it ended.
+
+Real ranks (tests/launched.py) run tests/workers/push_worker.py, which tells every rank
+that the host has 64 CPUs, so that the root pushes at every world size on any machine.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import trioring
+from launched import push_expected, run_reports
+from trioring._onehost import _push
+
+WORKER = Path(__file__).parent / "workers" / "push_worker.py"
+ONEHOST = trioring.is_available("push")
+
+
+def test_capability_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    row = next(row for row in trioring.capabilities() if row.name == "push")
+    assert row.kind == "feature"
+    assert row.available == trioring.is_available("push")
+    assert (row.reason is None) == row.available
+    if not (trioring.is_available("cma") and trioring.is_available("shm")):
+        assert row.reason is not None
+        assert row.reason.startswith("needs cma and shm: "), row.reason
+    monkeypatch.setenv("TRIORING_PUSH", "0")
+    row = next(row for row in trioring.capabilities() if row.name == "push")
+    assert (row.available, row.reason) == (False, "turned off by TRIORING_PUSH=0")
+
+
+def test_the_fence_is_a_lock_that_is_left_free() -> None:
+    _push.fence()
+    assert _push._FENCE.acquire(blocking=False)
+    _push._FENCE.release()
+
+
+@pytest.mark.parametrize("n", [2, 3])
+def test_the_ranks_cpus_decide_and_every_rank_agrees(tmp_path: Path, n: int) -> None:
+    """Unforced: a 1 MiB broadcast is pushed exactly where the ranks' CPUs number one for
+    every rank (they inherit this process's), goes through the pipe otherwise; the feature
+    says which, the same on every rank."""
+    reports = run_reports(WORKER, ["natural", str(tmp_path)], tmp_path, n)
+    assert [report["errors"] for report in reports] == [[]] * n
+    push = push_expected(n)
+    for report in reports:
+        assert ("push" in report["features"]) is push, report
+        if trioring.is_available("cma") and trioring.is_available("shm"):
+            algorithm = "cma_broadcast" if push else "pipe_broadcast"
+            assert report["calls"].get(algorithm) == 1, report
+            assert (report["calls"].get("push_into", 0) == 1) is (push and report["rank"] == 0)
+            assert (report["writes"] > 0) is (push and report["rank"] == 0), report
+
+
+def test_one_rank_turning_pushing_off_turns_it_off_everywhere(tmp_path: Path) -> None:
+    reports = run_reports(
+        WORKER, ["natural", str(tmp_path)], tmp_path, 2, env={"PUSH_OFF_RANK": "1"}
+    )
+    assert [report["errors"] for report in reports] == [[], []]
+    for report in reports:
+        assert "push" not in report["features"], report
+        assert report["writes"] == 0, report
+
+
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_pushed_broadcasts_are_whole_and_never_written_after_they_return(
+    tmp_path: Path, n: int
+) -> None:
+    """Every root in turn, odd sizes and four dtypes; half of the readers overwrite their
+    array the moment the call returns and check after the next call that nothing wrote over
+    that, the others check their result: a reader that returned before the root's writes
+    landed, or a root that wrote after, spoils one or the other."""
+    reports = run_reports(WORKER, ["stress", str(tmp_path)], tmp_path, n)
+    assert [report["errors"] for report in reports] == [[]] * n
+    if not ONEHOST:
+        assert all(report["writes"] == 0 for report in reports)
+        return
+    for report in reports:
+        # Every rank was a root (roots rotate over 3n calls) and pushed.
+        assert report["calls"].get("push_into", 0) == 3, report
+        assert report["writes"] >= 3 * (n - 1), report
+        assert "pushed" not in report["calls"], report
+
+
+@pytest.mark.skipif(not ONEHOST, reason="needs cross-memory writes and the shared segment")
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_reader_cancelled_while_the_root_writes_waits_for_the_write(
+    tmp_path: Path, n: int
+) -> None:
+    """Rank 1 is cancelled once rank 0 may be writing into its array; rank 0 holds its
+    first write until rank 1 has marked itself gone, and 0.2 s more: rank 1's call ends
+    only after that write (the sentinel it writes at once survives), rank 0 writes no more
+    into rank 1, and every rank hears that rank 1 cancelled."""
+    reports = run_reports(WORKER, ["cancel", str(tmp_path)], tmp_path, n)
+    canceller, root = reports[1], reports[0]
+    assert canceller["root_was_writing"] is True, canceller
+    assert canceller["cancelled"] is True, canceller
+    assert "error" not in canceller, canceller
+    assert canceller["calls"].get("pushed") == 1, canceller
+    assert canceller["sentinel_whole"] is True, canceller
+    assert canceller["next"]["type"] == "CommunicatorBrokenError", canceller
+    assert root["writes_into_1"] == 1, root
+    for report in reports[:1] + reports[2:]:
+        error = report.get("error") or report["next"]
+        assert error["peer"] == 1, report
+        assert "cancelled" in error["message"], report
+
+
+@pytest.mark.skipif(not ONEHOST, reason="needs cross-memory writes and the shared segment")
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_write_that_fails_fails_the_call_naming_the_reader(tmp_path: Path, n: int) -> None:
+    """Rank 0's first write fails as a write into a process that is gone fails: rank 0
+    raises PeerFailedError naming rank 1 and the call, and every rank raises."""
+    reports = run_reports(WORKER, ["write-fails", str(tmp_path)], tmp_path, n)
+    error = reports[0]["error"]
+    assert error["type"] == "PeerFailedError", reports[0]
+    assert error["peer"] == 1, reports[0]
+    assert error["collective"] == "broadcast", reports[0]
+    assert "could not write into the memory of peer rank 1" in error["message"], reports[0]
+    for report in reports:
+        assert "returned" not in report, report

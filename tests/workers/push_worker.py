@@ -1,0 +1,234 @@
+"""One rank of tests/test_push.py: large broadcasts whose root writes a share of its array
+into the readers' arrays (``_onehost._push``).
+
+``python push_worker.py MODE OUT_DIR`` under the forked launcher, on one host (Unix
+sockets). Every rank but in ``natural`` mode first sets its segment's agreed CPU count to 64
+(the same on every rank, so every rank's decision table agrees; as if the host had them),
+so that the root pushes at any world size on any machine. Every ``process_vm_writev`` of
+the rank goes through a counter; ``push_into`` and ``pushed`` are counted.
+
+Modes:
+
+- ``stress``: broadcasts of odd sizes from just above ``PUSH_MIN_BYTES`` to a few MiB (four
+  dtypes, every root in turn). About half of the ranks (roles rotate) check their result
+  against numpy; the others overwrite their array with a sentinel the moment the call
+  returns, and check, after the next collective (when every root has certainly returned
+  from the call), that the sentinel is still whole: a root that wrote into a reader's array
+  after the reader's call returned spoils it, and a reader that returned before the root's
+  writes landed spoils a checked result.
+- ``cancel``: a broadcast from rank 0 that rank 1 enters under a cancel scope, cancelled by
+  rank 1's own first read once rank 0 says in the segment that it may be writing. Rank 0
+  holds its first write until rank 1 has marked itself gone, then 0.2 s more, then writes
+  one step: rank 1's call must end only after that write, so the sentinel that rank 1
+  writes the moment its call ends must still be whole once rank 0 says (a marker file)
+  that its write is over. Rank 0 must stop after that one write, and every rank must hear
+  that rank 1 cancelled.
+- ``write-fails``: rank 0's first write fails as ``process_vm_writev`` fails when the peer
+  is gone (ESRCH): rank 0 must raise ``PeerFailedError`` naming rank 1, and every rank raise.
+- ``natural``: the CPU count left as the ranks agreed it; one broadcast of 1 MiB + 4 bytes
+  from rank 0, checked on every rank; reports which algorithm took it and whether the root
+  pushed.
+
+``PUSH_OFF_RANK=r`` makes rank r refuse pushing (``TRIORING_PUSH=0``). Writes
+``rank{r}.json`` and exits 0 (errors of the collectives are recorded, not raised).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import _worker_util
+import numpy as np
+import trio
+
+import trioring
+from trioring._onehost import _cma, _cma_collectives, _pipe, _push, _shm
+
+CALLS: dict[str, int] = {}
+_worker_util.count_calls(CALLS, _push, "push_into")
+_worker_util.count_calls(CALLS, _push, "pushed")
+_worker_util.count_calls(CALLS, _cma_collectives, "cma_broadcast")
+_worker_util.count_calls(CALLS, _pipe, "pipe_broadcast")
+
+WRITES = {"count": 0}
+#: Writes by the pid written into.
+WRITES_INTO: dict[int, int] = {}
+_write_into = _cma.write_into
+_read_into = _cma.read_into
+#: Set by a mode: called before each write / each read with the count so far.
+_before_write: Any = None
+_before_read: Any = None
+
+
+def _counted_write_into(pid: int, remote: int, local: int, nbytes: int) -> None:
+    if pid == os.getpid():  # opening's check that writes work at all
+        _write_into(pid, remote, local, nbytes)
+        return
+    WRITES["count"] += 1
+    WRITES_INTO[pid] = WRITES_INTO.get(pid, 0) + 1
+    if _before_write is not None:
+        _before_write(WRITES["count"])
+    _write_into(pid, remote, local, nbytes)
+
+
+def _counted_read_into(pid: int, remote: int, local: int, nbytes: int) -> None:
+    if _before_read is not None:
+        _before_read()
+    _read_into(pid, remote, local, nbytes)
+
+
+_cma.write_into = _counted_write_into
+_cma.read_into = _counted_read_into
+
+DTYPES = ("float32", "int64", "uint8", "complex64")
+#: Bytes (before rounding to the dtype) of the stress broadcasts: just above the threshold,
+#: a few steps of the root's writes, and odd sizes between.
+SIZES = (_push.PUSH_MIN_BYTES + 1, 3 * _push.PUSH_STEP_BYTES + 12_345, 1_500_007)
+SENTINEL = 77
+#: Bound on the waits for a peer's marker file or segment word.
+HOLD_S = 5.0
+
+
+def make(dtype: np.dtype[Any], count: int, seed: int) -> np.ndarray[Any, Any]:
+    values = (np.arange(count, dtype=np.int64) * 7 + seed) % 251
+    return values.astype(dtype)
+
+
+async def stress(comm: trioring.Communicator, rank: int) -> dict[str, Any]:
+    errors: list[str] = []
+    n = comm.world_size
+    spoiled: list[tuple[int, np.ndarray[Any, Any]]] = []
+    for i in range(3 * n):
+        dtype = np.dtype(DTYPES[i % len(DTYPES)])
+        count = SIZES[i % len(SIZES)] // dtype.itemsize | 1
+        root = i % n
+        expected = make(dtype, count, i)
+        array = expected.copy() if rank == root else np.zeros(count, dtype)
+        await comm.broadcast(array, root=root)
+        # Arrays overwritten in the last call are checked after this one.
+        for j, kept in spoiled:
+            if not (kept == SENTINEL).all():
+                errors.append(f"broadcast #{j}: written into after it returned")
+        spoiled = []
+        if (rank + i) % 2 and rank != root:
+            array.fill(SENTINEL)
+            spoiled.append((i, array))
+        elif not np.array_equal(array, expected):
+            errors.append(f"broadcast #{i} {dtype}[{count}] root {root}")
+    await comm.barrier()
+    for j, kept in spoiled:
+        if not (kept == SENTINEL).all():
+            errors.append(f"broadcast #{j}: written into after it returned")
+    return {"errors": errors}
+
+
+async def natural(comm: trioring.Communicator, rank: int) -> dict[str, Any]:
+    count = (_push.PUSH_MIN_BYTES * 4 + 4) // 4
+    expected = make(np.dtype(np.float32), count, 0)
+    array = expected.copy() if rank == 0 else np.zeros(count, np.float32)
+    await comm.broadcast(array, root=0)
+    return {"errors": [] if np.array_equal(array, expected) else ["broadcast"]}
+
+
+def _wait_until(done: Any) -> None:
+    """Hold this thread (and the event loop) until ``done()``, at most HOLD_S."""
+    deadline = time.monotonic() + HOLD_S
+    while not done() and time.monotonic() < deadline:
+        time.sleep(0.001)
+
+
+async def interrupted(
+    comm: trioring.Communicator, rank: int, mode: str, out_dir: Path
+) -> dict[str, Any]:
+    global _before_write, _before_read
+    count = 3 * _push.PUSH_STEP_BYTES // 4
+    array = make(np.dtype(np.float32), count, 0) if rank == 0 else np.zeros(count, np.float32)
+    report: dict[str, Any] = {}
+    scope = trio.CancelScope()
+    slots = comm._world.shm
+    assert slots is not None
+    seqs = slots.seqs
+    seq = comm.seq + 1
+    wrote = out_dir / "root-wrote"
+    if mode == "cancel" and rank == 0:
+
+        def before_write(writes: int) -> None:
+            if writes == 1:
+                # Rank 1 has marked itself gone: a root that did not look before its write
+                # would write anyway, and a reader that did not wait would be gone by then.
+                _wait_until(lambda: seqs[1 * _shm.LINE // 8] == _shm.BROKEN)
+                time.sleep(0.2)
+
+        _before_write = before_write
+    if mode == "cancel" and rank == 1:
+
+        def before_read() -> None:
+            if not scope.cancel_called:
+                # Once rank 0 may be writing into this rank's array.
+                _wait_until(lambda: seqs[_shm.PUSHING] == 2 * seq)
+                report["root_was_writing"] = bool(seqs[_shm.PUSHING] == 2 * seq)
+                scope.cancel()
+
+        _before_read = before_read
+    if mode == "write-fails" and rank == 0:
+
+        def before_write(writes: int) -> None:
+            raise _cma.CmaError(errno.ESRCH, os.strerror(errno.ESRCH))
+
+        _before_write = before_write
+    try:
+        with scope:
+            await comm.broadcast(array, root=0)
+        report["returned"] = True
+    except trioring.CollectiveError as exc:
+        report["error"] = _worker_util.describe(exc)
+    finally:
+        if rank == 1:
+            array.fill(SENTINEL)
+        if rank == 0 and mode == "cancel":
+            wrote.touch()
+        _before_write = _before_read = None
+    report["cancelled"] = scope.cancelled_caught
+    if rank == 0:
+        peer_pids = comm._world.peer_pids
+        assert peer_pids is not None
+        report["writes_into_1"] = WRITES_INTO.get(peer_pids[1], 0)
+    if rank == 1 and mode == "cancel":
+        _wait_until(wrote.exists)
+        report["sentinel_whole"] = bool((array == SENTINEL).all())
+    try:
+        await comm.barrier()
+    except trioring.TrioringError as exc:
+        report["next"] = _worker_util.describe(exc)
+    return report
+
+
+async def main(mode: str, out_dir: Path) -> int:
+    rank = int(os.environ["RANK"])
+    if os.environ.get("PUSH_OFF_RANK") == str(rank):
+        os.environ["TRIORING_PUSH"] = "0"
+    with trio.fail_after(120):
+        async with trioring.open_communicator() as comm:
+            shm = comm._world.shm
+            if shm is not None and mode != "natural":
+                shm.cpus = 64
+            if mode == "stress":
+                report = await stress(comm, rank)
+            elif mode == "natural":
+                report = await natural(comm, rank)
+            else:
+                report = await interrupted(comm, rank, mode, out_dir)
+            report["features"] = sorted(comm.features)
+    report.update(rank=rank, calls=CALLS, writes=WRITES["count"])
+    (out_dir / f"rank{rank}.json").write_text(json.dumps(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(trio.run(main, sys.argv[1], Path(sys.argv[2])))
