@@ -123,7 +123,7 @@ class Communicator(
         big = _cma_collectives.READ_THREADS_MIN_BYTES
         if _cma_collectives.read_threads(world, big, world.size - 1) > 1:
             features.add("threads")
-        if _push.push_bytes(world, _push.PUSH_MIN_BYTES) > 0:
+        if _push.can_push(world):
             features.add("push")
         if any(link.spin_seconds for link in self._links.values()):
             features.add("spin")

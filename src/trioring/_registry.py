@@ -215,10 +215,11 @@ def _features() -> list[Capability]:
             (
                 "push",
                 _push_unavailable(),
-                "a broadcast's root on one host writes a share of a large array (from "
-                f"{_push.PUSH_MIN_BYTES // 2**20} MiB, below the sizes read in threads) "
-                "straight into the other ranks' arrays (process_vm_writev) while they read "
-                "the rest, where every rank has a CPU of its own; off with TRIORING_PUSH=0",
+                "where every rank on one host has a CPU of its own, a broadcast's root "
+                f"writes a share of an array of more than {_push.PUSH_MIN_BYTES // 1024} KiB "
+                "straight into every other rank's (process_vm_writev) while they read the "
+                "rest, so that its core does not wait while theirs copy; off with "
+                "TRIORING_PUSH=0",
             ),
         )
     ]

@@ -428,8 +428,13 @@ async def cma_broadcast(world: World, spec: OpSpec, flat: np.ndarray, root: int)
         peers = [q for q in range(n) if q != r]
         announced = await expose(world, spec, flat, peers)
         if push:
-            assert announced is not None
-            await _push.push_into(world, spec, announced, flat, peers, push)
+            end = flat.nbytes - push
+            local = _cma.data_address(flat) + end
+            targets = []
+            for q in peers:
+                at = await address_of(world, spec, announced, q, flat.nbytes)
+                targets.append((q, at + end, local, push))
+            await _push.push_into(world, spec, targets)
         # Where the others read in threads, the core this rank would poll on is theirs.
         await finish(world, spec, (), peers, park=threads > 1)
         return
@@ -447,7 +452,7 @@ async def cma_broadcast(world: World, spec: OpSpec, flat: np.ndarray, root: int)
         # Returns once the root has said done, after its writes.
         await finish(world, spec, (root,), ())
     except BaseException:
-        await _push.pushed(world, spec, root)
+        await _push.pushed(world, spec, (root,))
         raise
 
 

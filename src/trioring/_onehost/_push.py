@@ -38,12 +38,20 @@ from . import _cma
 from ._shm import BROKEN, LINE, PUSHING
 
 if TYPE_CHECKING:
-    import numpy as np
+    from collections.abc import Iterable, Sequence
 
     from .._algorithms import World
     from .._wire import OpSpec
 
-__all__ = ["PUSH_MIN_BYTES", "PUSH_STEP_BYTES", "fence", "push_bytes", "push_into", "pushed"]
+__all__ = [
+    "PUSH_MIN_BYTES",
+    "PUSH_STEP_BYTES",
+    "can_push",
+    "fence",
+    "push_bytes",
+    "push_into",
+    "pushed",
+]
 
 #: Above this many bytes (the largest broadcast the segment's slots take) a broadcast's
 #: root writes a share of its array into its readers' arrays where it may (see
@@ -71,55 +79,48 @@ def fence() -> None:
     _FENCE.release()
 
 
+def can_push(world: World) -> bool:
+    """Whether the ranks agreed on pushing (:attr:`~._shm.SharedSlots.push`) and every rank
+    has a CPU of its own: the same on every rank."""
+    slots = world.shm
+    return slots is not None and slots.push and slots.cpus >= world.size
+
+
 def push_bytes(world: World, nbytes: int) -> int:
     """How many bytes (the end of the array) a broadcast's root writes into each reader's
     array of ``nbytes``: ``nbytes / n`` in whole pages, so that each of the ``n`` ranks
-    copies ``(n - 1) / n`` of it; 0 (the readers read it all) unless the ranks agreed on
-    pushing (:attr:`~._shm.SharedSlots.push`), there is a CPU for each of them, and the
-    array has at least ``PUSH_MIN_BYTES``. The same on every rank."""
-    slots = world.shm
-    if slots is None or not slots.push or nbytes < PUSH_MIN_BYTES or slots.cpus < world.size:
+    copies ``(n - 1) / n`` of it; 0 (the readers read it all) unless :func:`can_push` and the
+    array has more than ``PUSH_MIN_BYTES``. The same on every rank."""
+    if nbytes <= PUSH_MIN_BYTES or not can_push(world):
         return 0
     return nbytes // world.size // _PAGE * _PAGE
 
 
 async def push_into(
-    world: World,
-    spec: OpSpec,
-    announced: np.ndarray,
-    flat: np.ndarray,
-    readers: list[int],
-    share: int,
+    world: World, spec: OpSpec, targets: Sequence[tuple[int, int, int, int]]
 ) -> None:
-    """The root's writes: the last ``share`` bytes of ``flat`` into each reader's array
-    (``announced``: every rank's address and size, see _cma_collectives.expose), reader by
-    reader, while they read the rest. Stops writing into a reader that gave up. Checks
-    for cancellation between steps but never yields meanwhile, so nothing else of this
-    process runs while a reader may wait for the writes to stop."""
+    """Write into peers' memory: ``targets`` are (peer, address there, address here, bytes),
+    written in turn while the peers wait for them (each announced the array written into,
+    see _cma_collectives.expose, and the caller checked its size). Stops writing into a
+    peer that gave up. Checks for cancellation between steps but never yields meanwhile,
+    so nothing else of this process runs while a peer may wait for the writes to stop."""
     slots = world.shm
     assert slots is not None
     assert world.peer_pids is not None
     seqs = slots.seqs
     pushing = slots.own_word + PUSHING
-    nbytes = flat.nbytes
-    local = _cma.data_address(flat) + nbytes - share
     seqs[pushing] = 2 * spec.seq
     fence()
     try:
-        for peer in readers:
+        for peer, remote, local, nbytes in targets:
             word = peer * LINE // 8
-            if seqs[word] == BROKEN:
-                continue  # it left: finish raises its reason
-            address = int(announced[peer, 0]) + nbytes - share
-            if int(announced[peer, 1]) != nbytes:
-                link = world.links[peer]
-                raise link.protocol_error(spec, f"announced an array of {announced[peer, 1]} bytes")
             pid = world.peer_pids[peer]
             done = 0
-            while done < share and seqs[word] != BROKEN:
-                step = min(PUSH_STEP_BYTES, share - done)
+            # A peer that gave up is left alone: the call's end raises its reason.
+            while done < nbytes and seqs[word] != BROKEN:
+                step = min(PUSH_STEP_BYTES, nbytes - done)
                 try:
-                    _cma.write_into(pid, address + done, local + done, step)
+                    _cma.write_into(pid, remote + done, local + done, step)
                 except _cma.CmaError as exc:
                     link = world.links[peer]
                     raise await link.explained(
@@ -131,34 +132,35 @@ async def push_into(
         slots.store(pushing, 2 * spec.seq + 1)
 
 
-async def pushed(world: World, spec: OpSpec, root: int) -> None:
-    """Call in a reader of a pushed broadcast that is leaving ``spec``'s call early (with
-    the exception on its way): marks this rank as gone in the segment, and returns once
-    ``root`` cannot write into its array any more. Shielded: the wait is for the root's
-    current write step (or for nothing, if it was not writing)."""
+async def pushed(world: World, spec: OpSpec, writers: Iterable[int]) -> None:
+    """Call in a rank that peers (``writers``) push into, as it leaves ``spec``'s call
+    early (with the exception on its way): marks this rank as gone in the segment, and
+    returns once no writer can write into its arrays any more. Shielded: the wait is for
+    each writer's current write step (or for nothing, where it was not writing)."""
     slots = world.shm
     assert slots is not None
     slots.mark_broken()
     fence()
     seqs = slots.seqs
-    word = root * LINE // 8 + PUSHING
     writing = 2 * spec.seq
-    if seqs[word] != writing:
-        return
-    fd = next(fd for fd, peer in slots.link_of_fd.items() if peer == root)
-    ended = select.poll()
-    ended.register(fd, select.POLLRDHUP)
-    since = time.perf_counter()
+    fd_of = {peer: fd for fd, peer in slots.link_of_fd.items()}
     with trio.CancelScope(shield=True):
-        while seqs[word] == writing:
-            # Its connection hung up: its process is gone (or closed the communicator,
-            # which it cannot do within its writes). Closed here (POLLNVAL: another task
-            # closed this communicator), the root ends its writes within its share.
-            if any(event & ~select.POLLNVAL for _, event in ended.poll(0)):
-                return
-            # Within a step, at once; past a millisecond the root is not running, and the
-            # look may as well sleep.
-            if time.perf_counter() - since < 0.001:
-                await trio.lowlevel.checkpoint()
-            else:
-                await trio.sleep(0.001)
+        for writer in writers:
+            word = writer * LINE // 8 + PUSHING
+            if seqs[word] != writing:
+                continue
+            ended = select.poll()
+            ended.register(fd_of[writer], select.POLLRDHUP)
+            since = time.perf_counter()
+            while seqs[word] == writing:
+                # Its connection hung up: its process is gone (or closed the communicator,
+                # which it cannot do within its writes). Closed here (POLLNVAL: another
+                # task closed this communicator), the writer ends within its share.
+                if any(event & ~select.POLLNVAL for _, event in ended.poll(0)):
+                    break
+                # Within a step, at once; past a millisecond the writer is not running,
+                # and the look may as well sleep.
+                if time.perf_counter() - since < 0.001:
+                    await trio.lowlevel.checkpoint()
+                else:
+                    await trio.sleep(0.001)
