@@ -1,8 +1,8 @@
-"""A broadcast's root writing a share of its array into the readers' arrays
-(``_onehost._push``): where every rank of the host has a CPU, above the slots' sizes, the
-root writes the end of the array into each reader's while they read the rest; the call
-still returns only with every byte in place, and no write lands in a reader's array once
-its call has ended, however it ended.
+"""Ranks writing into their peers' arrays (``_onehost._push``), where every rank of the
+host has a CPU, above the slots' sizes: a broadcast's root writes the end of the array into
+each reader's while they read the rest, and each rank of an allreduce writes its finished
+segment into every peer's. The calls still return only with every byte in place, and no
+write lands in an array once its owner's call has ended, however it ended.
 
 Real ranks (tests/launched.py) run tests/workers/push_worker.py, which tells every rank
 that the host has 64 CPUs, so that the root pushes at every world size on any machine.
@@ -82,22 +82,25 @@ def test_pushed_broadcasts_are_whole_and_never_written_after_they_return(
         assert all(report["writes"] == 0 for report in reports)
         return
     for report in reports:
-        # Every rank was a root (roots rotate over 3n calls) and pushed.
+        # Every rank was a broadcast's root (roots rotate over 3n calls) and pushed, and
+        # wrote its segments of 3n allreduces into every peer's array.
         assert report["calls"].get("push_into", 0) == 3, report
-        assert report["writes"] >= 3 * (n - 1), report
+        assert report["calls"].get("_reduce_pushed", 0) == 3 * n, report
+        assert report["writes"] >= 3 * (n - 1) + 3 * n * (n - 1), report
         assert "pushed" not in report["calls"], report
 
 
 @pytest.mark.skipif(not ONEHOST, reason="needs cross-memory writes and the shared segment")
+@pytest.mark.parametrize("collective", ["broadcast", "allreduce"])
 @pytest.mark.parametrize("n", [2, 3])
-def test_a_reader_cancelled_while_the_root_writes_waits_for_the_write(
-    tmp_path: Path, n: int
+def test_a_rank_cancelled_while_a_peer_writes_into_it_waits_for_the_write(
+    tmp_path: Path, n: int, collective: str
 ) -> None:
     """Rank 1 is cancelled once rank 0 may be writing into its array; rank 0 holds its
     first write until rank 1 has marked itself gone, and 0.2 s more: rank 1's call ends
     only after that write (the sentinel it writes at once survives), rank 0 writes no more
     into rank 1, and every rank hears that rank 1 cancelled."""
-    reports = run_reports(WORKER, ["cancel", str(tmp_path)], tmp_path, n)
+    reports = run_reports(WORKER, [f"cancel-in-{collective}", str(tmp_path)], tmp_path, n)
     canceller, root = reports[1], reports[0]
     assert canceller["root_was_writing"] is True, canceller
     assert canceller["cancelled"] is True, canceller
@@ -113,15 +116,18 @@ def test_a_reader_cancelled_while_the_root_writes_waits_for_the_write(
 
 
 @pytest.mark.skipif(not ONEHOST, reason="needs cross-memory writes and the shared segment")
+@pytest.mark.parametrize("collective", ["broadcast", "allreduce"])
 @pytest.mark.parametrize("n", [2, 3])
-def test_a_write_that_fails_fails_the_call_naming_the_reader(tmp_path: Path, n: int) -> None:
+def test_a_write_that_fails_fails_the_call_naming_the_peer(
+    tmp_path: Path, n: int, collective: str
+) -> None:
     """Rank 0's first write fails as a write into a process that is gone fails: rank 0
     raises PeerFailedError naming rank 1 and the call, and every rank raises."""
-    reports = run_reports(WORKER, ["write-fails", str(tmp_path)], tmp_path, n)
+    reports = run_reports(WORKER, [f"write-fails-in-{collective}", str(tmp_path)], tmp_path, n)
     error = reports[0]["error"]
     assert error["type"] == "PeerFailedError", reports[0]
     assert error["peer"] == 1, reports[0]
-    assert error["collective"] == "broadcast", reports[0]
+    assert error["collective"] == collective, reports[0]
     assert "could not write into the memory of peer rank 1" in error["message"], reports[0]
     for report in reports:
         assert "returned" not in report, report

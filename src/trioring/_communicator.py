@@ -22,6 +22,7 @@ from ._methods import (
     ScanMethods,
 )
 from ._onehost import _cma_collectives, _push
+from ._onehost._shm import SHM_MAX_BYTES
 from ._util import NoPublicConstructor
 from ._wire import DTYPE_CODES, Kind
 
@@ -186,7 +187,11 @@ class Communicator(
         cross-memory attach (the ``"cma"`` entry of :attr:`features`), arrays above
         ``PIPE_MAX_REDUCE_BYTES`` (with a segment) or ``CMA_MIN_BYTES`` (without) go by
         it instead: each rank reduces its ``1/n`` segment by reading the peers'
-        arrays directly and then copies the other finished segments, each byte copied once.
+        arrays directly and then copies the other finished segments, each byte copied once;
+        where every rank has a CPU of its own (``"push"`` in :attr:`features`), every array
+        the slots cannot take goes this way, each rank writing each finished piece of its
+        segment straight into the others' arrays instead (a rank that leaves early waits
+        for the writes in progress into its array to stop, as :meth:`broadcast` says).
         Otherwise, up to ``SMALL_ALLREDUCE_BYTES``, recursive doubling (``ceil(log2 n)``
         exchanges of the whole array: latency-bound sizes); above, ring reduce-scatter then
         ring all-gather, streamed in chunks of ``DEFAULT_CHUNK_BYTES``, each rank sending and
@@ -215,6 +220,8 @@ class Communicator(
                 world.slot_reduce_bytes if world.shm is not None else -1,
                 world.peer_pids is not None,
                 self._small_allreduce_bytes,
+                # Asked only of arrays too large for the slots.
+                nbytes > SHM_MAX_BYTES and _push.can_push(world),
             )
         elif (why := _allreduce.unrunnable(name, world, nbytes)) is not None:
             raise self._invalid(kind, why)

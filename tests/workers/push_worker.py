@@ -1,30 +1,32 @@
 """One rank of tests/test_push.py: large broadcasts whose root writes a share of its array
-into the readers' arrays (``_onehost._push``).
+into the readers' arrays, and allreduces whose ranks write their finished segments into
+each other's (``_onehost._push``).
 
 ``python push_worker.py MODE OUT_DIR`` under the forked launcher, on one host (Unix
 sockets). Every rank but in ``natural`` mode first sets its segment's agreed CPU count to 64
 (the same on every rank, so every rank's decision table agrees; as if the host had them),
-so that the root pushes at any world size on any machine. Every ``process_vm_writev`` of
+so that the ranks push at any world size on any machine. Every ``process_vm_writev`` of
 the rank goes through a counter; ``push_into`` and ``pushed`` are counted.
 
 Modes:
 
-- ``stress``: broadcasts of odd sizes from just above ``PUSH_MIN_BYTES`` to a few MiB (four
-  dtypes, every root in turn). About half of the ranks (roles rotate) check their result
-  against numpy; the others overwrite their array with a sentinel the moment the call
-  returns, and check, after the next collective (when every root has certainly returned
-  from the call), that the sentinel is still whole: a root that wrote into a reader's array
-  after the reader's call returned spoils it, and a reader that returned before the root's
-  writes landed spoils a checked result.
-- ``cancel``: a broadcast from rank 0 that rank 1 enters under a cancel scope, cancelled by
-  rank 1's own first read once rank 0 says in the segment that it may be writing. Rank 0
-  holds its first write until rank 1 has marked itself gone, then 0.2 s more, then writes
-  one step: rank 1's call must end only after that write, so the sentinel that rank 1
-  writes the moment its call ends must still be whole once rank 0 says (a marker file)
-  that its write is over. Rank 0 must stop after that one write, and every rank must hear
-  that rank 1 cancelled.
-- ``write-fails``: rank 0's first write fails as ``process_vm_writev`` fails when the peer
-  is gone (ESRCH): rank 0 must raise ``PeerFailedError`` naming rank 1, and every rank raise.
+- ``stress``: broadcasts (every root in turn) and allreduces (sum, max, mean) of odd sizes
+  from just above ``PUSH_MIN_BYTES`` to a few MiB, in four dtypes each. About half of the
+  ranks (roles rotate) check their result against numpy; the others overwrite their array
+  with a sentinel the moment the call returns, and check, after the next collective (when
+  every peer has certainly returned from the call), that the sentinel is still whole: a
+  peer that wrote into an array after its owner's call returned spoils it, and a rank that
+  returned before the writes into its array landed spoils a checked result.
+- ``cancel-in-broadcast``, ``cancel-in-allreduce``: a broadcast from rank 0 (an allreduce)
+  that rank 1 enters under a cancel scope, cancelled by rank 1's own first read once rank
+  0 says in the segment that it may be writing. Rank 0 holds its first write (into rank 1)
+  until rank 1 has marked itself gone, then 0.2 s more, then writes one step: rank 1's call
+  must end only after that write, so the sentinel that rank 1 writes the moment its call
+  ends must still be whole once rank 0 says (a marker file) that its write is over. Rank 0
+  must write no more into rank 1, and every rank must hear that rank 1 cancelled.
+- ``write-fails-in-broadcast``, ``write-fails-in-allreduce``: rank 0's first write fails as
+  ``process_vm_writev`` fails when the peer is gone (ESRCH): rank 0 must raise
+  ``PeerFailedError`` naming rank 1, and every rank raise.
 - ``natural``: the CPU count left as the ranks agreed it; one broadcast of 1 MiB + 4 bytes
   from rank 0, checked on every rank; reports which algorithm took it and whether the root
   pushed.
@@ -54,6 +56,7 @@ CALLS: dict[str, int] = {}
 _worker_util.count_calls(CALLS, _push, "push_into")
 _worker_util.count_calls(CALLS, _push, "pushed")
 _worker_util.count_calls(CALLS, _cma_collectives, "cma_broadcast")
+_worker_util.count_calls(CALLS, _cma_collectives, "_reduce_pushed")
 _worker_util.count_calls(CALLS, _pipe, "pipe_broadcast")
 
 WRITES = {"count": 0}
@@ -100,10 +103,22 @@ def make(dtype: np.dtype[Any], count: int, seed: int) -> np.ndarray[Any, Any]:
     return values.astype(dtype)
 
 
+#: The allreduces of the stress mode: dtype and op, by turn.
+REDUCTIONS = (("float32", "sum"), ("int64", "max"), ("float64", "mean"), ("complex64", "sum"))
+
+
 async def stress(comm: trioring.Communicator, rank: int) -> dict[str, Any]:
     errors: list[str] = []
     n = comm.world_size
-    spoiled: list[tuple[int, np.ndarray[Any, Any]]] = []
+    spoiled: list[tuple[str, np.ndarray[Any, Any]]] = []
+
+    def check_spoiled() -> None:
+        # Arrays overwritten after the last call are checked after the next.
+        for what, kept in spoiled:
+            if not (kept == SENTINEL).all():
+                errors.append(f"{what}: written into after it returned")
+        spoiled.clear()
+
     for i in range(3 * n):
         dtype = np.dtype(DTYPES[i % len(DTYPES)])
         count = SIZES[i % len(SIZES)] // dtype.itemsize | 1
@@ -111,20 +126,28 @@ async def stress(comm: trioring.Communicator, rank: int) -> dict[str, Any]:
         expected = make(dtype, count, i)
         array = expected.copy() if rank == root else np.zeros(count, dtype)
         await comm.broadcast(array, root=root)
-        # Arrays overwritten in the last call are checked after this one.
-        for j, kept in spoiled:
-            if not (kept == SENTINEL).all():
-                errors.append(f"broadcast #{j}: written into after it returned")
-        spoiled = []
+        check_spoiled()
         if (rank + i) % 2 and rank != root:
             array.fill(SENTINEL)
-            spoiled.append((i, array))
+            spoiled.append((f"broadcast #{i}", array))
         elif not np.array_equal(array, expected):
             errors.append(f"broadcast #{i} {dtype}[{count}] root {root}")
+        name, op = REDUCTIONS[i % len(REDUCTIONS)]
+        dtype = np.dtype(name)
+        count = SIZES[(i + 1) % len(SIZES)] // dtype.itemsize | 1
+        inputs = [make(dtype, count, 10 * i + q) for q in range(n)]
+        array = inputs[rank].copy()
+        await comm.allreduce(array, op=op)
+        check_spoiled()
+        stacked = np.stack(inputs)
+        reference = {"sum": stacked.sum(0), "max": stacked.max(0), "mean": stacked.sum(0) / n}
+        if (rank + i) % 2:
+            array.fill(SENTINEL)
+            spoiled.append((f"allreduce #{i}", array))
+        elif not np.array_equal(array, reference[op].astype(dtype)):
+            errors.append(f"allreduce #{i} {dtype}[{count}] {op}")
     await comm.barrier()
-    for j, kept in spoiled:
-        if not (kept == SENTINEL).all():
-            errors.append(f"broadcast #{j}: written into after it returned")
+    check_spoiled()
     return {"errors": errors}
 
 
@@ -147,8 +170,11 @@ async def interrupted(
     comm: trioring.Communicator, rank: int, mode: str, out_dir: Path
 ) -> dict[str, Any]:
     global _before_write, _before_read
+    mode, _, collective = mode.partition("-in-")
     count = 3 * _push.PUSH_STEP_BYTES // 4
-    array = make(np.dtype(np.float32), count, 0) if rank == 0 else np.zeros(count, np.float32)
+    array = make(np.dtype(np.float32), count, rank)
+    if collective == "broadcast" and rank != 0:
+        array.fill(0)
     report: dict[str, Any] = {}
     scope = trio.CancelScope()
     slots = comm._world.shm
@@ -170,7 +196,8 @@ async def interrupted(
 
         def before_read() -> None:
             if not scope.cancel_called:
-                # Once rank 0 may be writing into this rank's array.
+                # Once rank 0 may be writing into this rank's array (in an allreduce,
+                # once this rank's first piece has been read).
                 _wait_until(lambda: seqs[_shm.PUSHING] == 2 * seq)
                 report["root_was_writing"] = bool(seqs[_shm.PUSHING] == 2 * seq)
                 scope.cancel()
@@ -184,7 +211,10 @@ async def interrupted(
         _before_write = before_write
     try:
         with scope:
-            await comm.broadcast(array, root=0)
+            if collective == "broadcast":
+                await comm.broadcast(array, root=0)
+            else:
+                await comm.allreduce(array)
         report["returned"] = True
     except trioring.CollectiveError as exc:
         report["error"] = _worker_util.describe(exc)

@@ -5,6 +5,8 @@ paths that every rank agreed on at opening. Every choice trioring makes is here.
 collective  condition, first match wins                             algorithm
 ==========  ======================================================  ======================
 allreduce   "shm" and nbytes <= the segment's share (<= 256 KiB)    ``shm``
+allreduce   "shm", "cma" and "push" (larger arrays; each rank       ``cma``
+            writes its finished segment into the others')
 allreduce   "shm", and nbytes <= PIPE_MAX_REDUCE_BYTES or no "cma"  ``pipe``
             (larger arrays, through the segment's pipe)
 allreduce   "cma", and "shm" or nbytes > CMA_MIN_BYTES              ``cma``
@@ -178,15 +180,17 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
 }
 
 
-def allreduce(nbytes: int, shm_bytes: int, cma: bool, small_bytes: int) -> str:
+def allreduce(nbytes: int, shm_bytes: int, cma: bool, small_bytes: int, push: bool = False) -> str:
     """The allreduce row for an array of ``nbytes``: ``shm_bytes`` is the largest array the
     shared segment takes (-1 without one), ``cma`` whether cross-memory attach was agreed,
-    ``small_bytes`` the largest array recursive doubling takes. (Positional, and the limits
-    worked out by the caller once, so that a 4-byte allreduce pays little for asking.)"""
+    ``small_bytes`` the largest array recursive doubling takes, ``push`` whether the ranks
+    would write their finished segments into each other's arrays
+    (_onehost._push.can_push). (Positional, and the limits worked out by the caller once,
+    so that a 4-byte allreduce pays little for asking.)"""
     if nbytes <= shm_bytes:
         return "shm"
     if shm_bytes >= 0:
-        return "cma" if cma and nbytes > PIPE_MAX_REDUCE_BYTES else "pipe"
+        return "cma" if cma and (push or nbytes > PIPE_MAX_REDUCE_BYTES) else "pipe"
     if cma and nbytes > CMA_MIN_BYTES:
         return "cma"
     if nbytes <= small_bytes:

@@ -362,6 +362,9 @@ async def _reduce_segments(
     root: int | None,
 ) -> None:
     """:func:`cma_allreduce` (``root`` None) and :func:`cma_reduce`."""
+    if root is None and _push.can_push(world):
+        await _reduce_pushed(world, spec, flat, reduce, divide)
+        return
     n, r = world.size, world.rank
     peers = [q for q in range(n) if q != r]
     itemsize = flat.dtype.itemsize
@@ -412,6 +415,68 @@ async def _reduce_segments(
             await read_peer(world, spec, peer, address, flat[start:stop])
     # The peers have finished reading our arrays only when this returns.
     await finish(world, spec, peers, peers, step=2)
+
+
+async def _reduce_pushed(
+    world: World, spec: OpSpec, flat: np.ndarray, reduce: np.ufunc, divide: bool
+) -> None:
+    """:func:`cma_allreduce` where every rank has a CPU (_push.can_push): rank r reduces
+    segment r piece by piece as before (own values first, then the peers' in rank order),
+    and writes each finished piece straight into every peer's array, while it is still in
+    this core's cache, instead of each peer reading the finished segments afterwards from
+    memory. Only segment r's owner reads or writes that segment of a peer's array, and it
+    reads each piece before it writes it, so no "final" round is needed: a rank returns
+    once every rank has said done (its reads of this rank's array, and its writes into it,
+    are over). A rank that leaves early waits for the peers' writes in progress to stop
+    (see _push); the writes stop for any schedule point."""
+    assert world.peer_pids is not None
+    n, r = world.size, world.rank
+    peers = [q for q in range(n) if q != r]
+    itemsize = flat.dtype.itemsize
+    total = flat.shape[0]
+    lo, hi = r * total // n, (r + 1) * total // n
+    chunk = max(1, min(world.chunk_bytes, _REDUCE_STEP_BYTES) // itemsize)
+    scratch = world.scratch[: chunk * itemsize].view(flat.dtype)
+    local, into = _cma.data_address(flat), _cma.data_address(scratch)
+    try:
+        announced = await expose(world, spec, flat, peers)
+        addresses = [(q, await address_of(world, spec, announced, q, flat.nbytes)) for q in peers]
+        _push.begin(world, spec)
+        since = time.perf_counter()
+        with ignore_fp_errors():  # overflow to inf is a valid result, as in ring_allreduce
+            for offset, count in chunks(lo, hi, chunk):
+                if not count:
+                    continue
+                at, size = offset * itemsize, count * itemsize
+                target = flat[offset : offset + count]
+                for peer, address in addresses:
+                    try:
+                        _cma.read_into(world.peer_pids[peer], address + at, into, size)
+                    except _cma.CmaError as exc:
+                        _push.end(world, spec)
+                        link = world.links[peer]
+                        raise await link.explained(spec, link.memory_failed(spec, exc)) from exc
+                    reduce(target, scratch[:count], out=target)
+                if divide:
+                    np.divide(target, n, out=target)
+                for peer, address in addresses:
+                    try:
+                        _push.write(world, peer, address + at, local + at, size)
+                    except _cma.CmaError as exc:
+                        raise await _push.failed(world, spec, peer, exc) from exc
+                if time.perf_counter() - since >= _SCHEDULE_EVERY_SECONDS:
+                    _push.end(world, spec)
+                    await trio.lowlevel.checkpoint()
+                    _push.begin(world, spec)
+                    since = time.perf_counter()
+                else:
+                    await trio.lowlevel.checkpoint_if_cancelled()
+        _push.end(world, spec)
+        await finish(world, spec, peers, peers)
+    except BaseException:
+        _push.end(world, spec)
+        await _push.pushed(world, spec, peers)
+        raise
 
 
 async def cma_broadcast(world: World, spec: OpSpec, flat: np.ndarray, root: int) -> None:

@@ -41,16 +41,21 @@ if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence
 
     from .._algorithms import World
+    from .._errors import CollectiveError
     from .._wire import OpSpec
 
 __all__ = [
     "PUSH_MIN_BYTES",
     "PUSH_STEP_BYTES",
+    "begin",
     "can_push",
+    "end",
+    "failed",
     "fence",
     "push_bytes",
     "push_into",
     "pushed",
+    "write",
 ]
 
 #: Above this many bytes (the largest broadcast the segment's slots take) a broadcast's
@@ -96,40 +101,67 @@ def push_bytes(world: World, nbytes: int) -> int:
     return nbytes // world.size // _PAGE * _PAGE
 
 
+def begin(world: World, spec: OpSpec) -> None:
+    """Say that this rank may write into peers' arrays for ``spec`` from now on (before it
+    looks at any peer's word: see the module's docs)."""
+    slots = world.shm
+    assert slots is not None
+    slots.seqs[slots.own_word + PUSHING] = 2 * spec.seq
+    fence()
+
+
+def end(world: World, spec: OpSpec) -> None:
+    """Say that this rank writes no more for ``spec`` (until :func:`begin` again): before
+    anything that may let other tasks run, and once its writes are over, however that is."""
+    slots = world.shm
+    assert slots is not None
+    slots.store(slots.own_word + PUSHING, 2 * spec.seq + 1)
+
+
+def write(world: World, peer: int, remote: int, local: int, nbytes: int) -> bool:
+    """Between :func:`begin` and :func:`end`: write ``nbytes`` from ``local`` here to
+    ``remote`` in ``peer``'s memory, in one system call, unless the peer has given up (then
+    False; the call's end raises its reason). Raises _cma.CmaError."""
+    slots = world.shm
+    assert slots is not None
+    assert world.peer_pids is not None
+    if slots.seqs[peer * LINE // 8] == BROKEN:
+        return False
+    _cma.write_into(world.peer_pids[peer], remote, local, nbytes)
+    return True
+
+
+async def failed(world: World, spec: OpSpec, peer: int, exc: _cma.CmaError) -> CollectiveError:
+    """The error to raise for a failed write into ``peer``'s memory (ends the writes)."""
+    end(world, spec)
+    link = world.links[peer]
+    return await link.explained(spec, link.memory_failed(spec, exc, wrote=True))
+
+
 async def push_into(
     world: World, spec: OpSpec, targets: Sequence[tuple[int, int, int, int]]
 ) -> None:
     """Write into peers' memory: ``targets`` are (peer, address there, address here, bytes),
     written in turn while the peers wait for them (each announced the array written into,
-    see _cma_collectives.expose, and the caller checked its size). Stops writing into a
-    peer that gave up. Checks for cancellation between steps but never yields meanwhile,
-    so nothing else of this process runs while a peer may wait for the writes to stop."""
-    slots = world.shm
-    assert slots is not None
-    assert world.peer_pids is not None
-    seqs = slots.seqs
-    pushing = slots.own_word + PUSHING
-    seqs[pushing] = 2 * spec.seq
-    fence()
+    see _cma_collectives.expose, and the caller checked its size), in steps of at most
+    ``PUSH_STEP_BYTES``. Stops writing into a peer that gave up. Checks for cancellation
+    between steps but never yields meanwhile, so nothing else of this process runs while a
+    peer may wait for the writes to stop."""
+    begin(world, spec)
     try:
         for peer, remote, local, nbytes in targets:
-            word = peer * LINE // 8
-            pid = world.peer_pids[peer]
             done = 0
-            # A peer that gave up is left alone: the call's end raises its reason.
-            while done < nbytes and seqs[word] != BROKEN:
+            while done < nbytes:
                 step = min(PUSH_STEP_BYTES, nbytes - done)
                 try:
-                    _cma.write_into(pid, remote + done, local + done, step)
+                    if not write(world, peer, remote + done, local + done, step):
+                        break
                 except _cma.CmaError as exc:
-                    link = world.links[peer]
-                    raise await link.explained(
-                        spec, link.memory_failed(spec, exc, wrote=True)
-                    ) from exc
+                    raise await failed(world, spec, peer, exc) from exc
                 done += step
                 await trio.lowlevel.checkpoint_if_cancelled()
     finally:
-        slots.store(pushing, 2 * spec.seq + 1)
+        end(world, spec)
 
 
 async def pushed(world: World, spec: OpSpec, writers: Iterable[int]) -> None:
