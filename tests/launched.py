@@ -53,15 +53,16 @@ def threads_expected(world_size: int) -> bool:
 
 def push_expected(world_size: int) -> bool:
     """Whether ranks forked or launched from this process on one host, with cross-memory
-    attach and the shared segment, have ``"push"`` among their features: they inherit this
-    process's CPUs, which must number one for every rank."""
+    attach and the shared segment, have ``"push"`` among their features."""
     import trioring
 
-    return (
-        trioring.is_available("push")
-        and len(os.sched_getaffinity(0)) >= world_size
-        and world_size > 1
-    )
+    return trioring.is_available("push") and world_size > 1
+
+
+def broadcast_pushes(world_size: int) -> bool:
+    """Whether, with ``"push"``, such ranks' large broadcasts are pushed: they inherit this
+    process's CPUs, which must number one for every rank."""
+    return push_expected(world_size) and len(os.sched_getaffinity(0)) >= world_size
 
 
 def base_env() -> dict[str, str]:

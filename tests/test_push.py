@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 import trioring
-from launched import push_expected, run_reports
+from launched import broadcast_pushes, push_expected, run_reports
 from trioring._onehost import _push
 
 WORKER = Path(__file__).parent / "workers" / "push_worker.py"
@@ -44,18 +44,19 @@ def test_the_fence_is_a_lock_that_is_left_free() -> None:
 @pytest.mark.parametrize("n", [2, 3])
 def test_the_ranks_cpus_decide_and_every_rank_agrees(tmp_path: Path, n: int) -> None:
     """Unforced: a 1 MiB broadcast is pushed exactly where the ranks' CPUs number one for
-    every rank (they inherit this process's), goes through the pipe otherwise; the feature
-    says which, the same on every rank."""
+    every rank (they inherit this process's), goes through the pipe otherwise; a 1 MiB
+    allreduce is pushed wherever the feature is, the same on every rank."""
     reports = run_reports(WORKER, ["natural", str(tmp_path)], tmp_path, n)
     assert [report["errors"] for report in reports] == [[]] * n
-    push = push_expected(n)
+    push, pushes = push_expected(n), broadcast_pushes(n)
     for report in reports:
         assert ("push" in report["features"]) is push, report
         if trioring.is_available("cma") and trioring.is_available("shm"):
-            algorithm = "cma_broadcast" if push else "pipe_broadcast"
+            algorithm = "cma_broadcast" if pushes else "pipe_broadcast"
             assert report["calls"].get(algorithm) == 1, report
-            assert (report["calls"].get("push_into", 0) == 1) is (push and report["rank"] == 0)
-            assert (report["writes"] > 0) is (push and report["rank"] == 0), report
+            assert (report["calls"].get("push_into", 0) == 1) is (pushes and report["rank"] == 0)
+            assert (report["calls"].get("_reduce_pushed", 0) == 1) is push, report
+            assert (report["writes"] > 0) is push, report
 
 
 def test_one_rank_turning_pushing_off_turns_it_off_everywhere(tmp_path: Path) -> None:
@@ -66,6 +67,7 @@ def test_one_rank_turning_pushing_off_turns_it_off_everywhere(tmp_path: Path) ->
     for report in reports:
         assert "push" not in report["features"], report
         assert report["writes"] == 0, report
+        assert "_reduce_pushed" not in report["calls"], report
 
 
 @pytest.mark.parametrize("n", [2, 3, 4])

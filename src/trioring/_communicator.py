@@ -111,10 +111,11 @@ class Communicator(
         ``"cma"`` when all ranks agreed at opening to move large arrays by cross-memory
         attach, ``"shm"`` when they agreed to pass small ones through a shared segment,
         ``"threads"`` when, with both, the ranks' CPUs let a large broadcast's readers read
-        in threads, ``"push"`` when, with both, every rank has a CPU of its own and a
-        broadcast's root writes a share of a large array into the readers' arrays while
-        they read the rest, ``"spin"`` when receives poll briefly before parking. The same
-        on every rank but ``"spin"``, a local choice."""
+        in threads, ``"push"`` when, with both, the ranks write into each other's arrays in
+        large allreduces (and, where every rank has a CPU of its own, a broadcast's root
+        writes a share of a large array into the readers' while they read the rest),
+        ``"spin"`` when receives poll briefly before parking. The same on every rank but
+        ``"spin"``, a local choice."""
         features = set()
         world = self._world
         if world.peer_pids is not None:
@@ -188,10 +189,10 @@ class Communicator(
         ``PIPE_MAX_REDUCE_BYTES`` (with a segment) or ``CMA_MIN_BYTES`` (without) go by
         it instead: each rank reduces its ``1/n`` segment by reading the peers'
         arrays directly and then copies the other finished segments, each byte copied once;
-        where every rank has a CPU of its own (``"push"`` in :attr:`features`), every array
-        the slots cannot take goes this way, each rank writing each finished piece of its
-        segment straight into the others' arrays instead (a rank that leaves early waits
-        for the writes in progress into its array to stop, as :meth:`broadcast` says).
+        with ``"push"`` in :attr:`features`, every array the slots cannot take goes this
+        way, each rank writing each finished piece of its segment straight into the
+        others' arrays instead (a rank that leaves early waits for the writes in progress
+        into its array to stop, as :meth:`broadcast` says).
         Otherwise, up to ``SMALL_ALLREDUCE_BYTES``, recursive doubling (``ceil(log2 n)``
         exchanges of the whole array: latency-bound sizes); above, ring reduce-scatter then
         ring all-gather, streamed in chunks of ``DEFAULT_CHUNK_BYTES``, each rank sending and

@@ -215,11 +215,12 @@ def _features() -> list[Capability]:
             (
                 "push",
                 _push_unavailable(),
-                "where every rank on one host has a CPU of its own, a broadcast's root "
-                f"writes a share of an array of more than {_push.PUSH_MIN_BYTES // 1024} KiB "
-                "straight into every other rank's (process_vm_writev) while they read the "
-                "rest, so that its core does not wait while theirs copy; off with "
-                "TRIORING_PUSH=0",
+                "ranks on one host write into each other's arrays (process_vm_writev) in "
+                f"calls of more than {_push.PUSH_MIN_BYTES // 1024} KiB: each rank of an "
+                "allreduce writes each piece of its segment into every other rank's as "
+                "soon as it has reduced it, and, where every rank has a CPU of its own, a "
+                "broadcast's root writes a share of the array into every other rank's "
+                "while they read the rest; off with TRIORING_PUSH=0",
             ),
         )
     ]

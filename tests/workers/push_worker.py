@@ -28,8 +28,8 @@ Modes:
   ``process_vm_writev`` fails when the peer is gone (ESRCH): rank 0 must raise
   ``PeerFailedError`` naming rank 1, and every rank raise.
 - ``natural``: the CPU count left as the ranks agreed it; one broadcast of 1 MiB + 4 bytes
-  from rank 0, checked on every rank; reports which algorithm took it and whether the root
-  pushed.
+  from rank 0 and one allreduce of that size, checked on every rank; reports which
+  algorithms took them and whether the ranks wrote.
 
 ``PUSH_OFF_RANK=r`` makes rank r refuse pushing (``TRIORING_PUSH=0``). Writes
 ``rank{r}.json`` and exits 0 (errors of the collectives are recorded, not raised).
@@ -156,7 +156,13 @@ async def natural(comm: trioring.Communicator, rank: int) -> dict[str, Any]:
     expected = make(np.dtype(np.float32), count, 0)
     array = expected.copy() if rank == 0 else np.zeros(count, np.float32)
     await comm.broadcast(array, root=0)
-    return {"errors": [] if np.array_equal(array, expected) else ["broadcast"]}
+    errors = [] if np.array_equal(array, expected) else ["broadcast"]
+    array = make(np.dtype(np.float32), count, rank)
+    await comm.allreduce(array)
+    total = sum(make(np.dtype(np.float32), count, q) for q in range(comm.world_size))
+    if not np.array_equal(array, total):
+        errors.append("allreduce")
+    return {"errors": errors}
 
 
 def _wait_until(done: Any) -> None:

@@ -184,7 +184,7 @@ def allreduce(nbytes: int, shm_bytes: int, cma: bool, small_bytes: int, push: bo
     """The allreduce row for an array of ``nbytes``: ``shm_bytes`` is the largest array the
     shared segment takes (-1 without one), ``cma`` whether cross-memory attach was agreed,
     ``small_bytes`` the largest array recursive doubling takes, ``push`` whether the ranks
-    would write their finished segments into each other's arrays
+    agreed to write their finished segments into each other's arrays
     (_onehost._push.can_push). (Positional, and the limits worked out by the caller once,
     so that a 4-byte allreduce pays little for asking.)"""
     if nbytes <= shm_bytes:

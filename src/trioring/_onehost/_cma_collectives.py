@@ -420,7 +420,7 @@ async def _reduce_segments(
 async def _reduce_pushed(
     world: World, spec: OpSpec, flat: np.ndarray, reduce: np.ufunc, divide: bool
 ) -> None:
-    """:func:`cma_allreduce` where every rank has a CPU (_push.can_push): rank r reduces
+    """:func:`cma_allreduce` where the ranks push (_push.can_push): rank r reduces
     segment r piece by piece as before (own values first, then the peers' in rank order),
     and writes each finished piece straight into every peer's array, while it is still in
     this core's cache, instead of each peer reading the finished segments afterwards from
