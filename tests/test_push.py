@@ -1,7 +1,7 @@
 """Ranks writing into their peers' arrays (``_onehost._push``), where every rank of the
 host has a CPU, above the slots' sizes: a broadcast's root writes the end of the array into
-each reader's while they read the rest, and each rank of an allreduce writes its finished
-segment into every peer's. The calls still return only with every byte in place, and no
+each reader's while they read the rest, and each rank of an allreduce (a reduce) writes its
+finished segment into every peer's (the root's). The calls still return only with every byte in place, and no
 write lands in an array once its owner's call has ended, however it ended.
 
 Real ranks (tests/launched.py) run tests/workers/push_worker.py, which tells every rank
@@ -84,16 +84,17 @@ def test_pushed_broadcasts_are_whole_and_never_written_after_they_return(
         assert all(report["writes"] == 0 for report in reports)
         return
     for report in reports:
-        # Every rank was a broadcast's root (roots rotate over 3n calls) and pushed, and
-        # wrote its segments of 3n allreduces into every peer's array.
+        # Every rank was a broadcast's root (roots rotate over 3n calls) and pushed, wrote
+        # its segments of 3n allreduces into every peer's array, and of 3n reduces into
+        # the root's (all but its own 3).
         assert report["calls"].get("push_into", 0) == 3, report
-        assert report["calls"].get("_reduce_pushed", 0) == 3 * n, report
-        assert report["writes"] >= 3 * (n - 1) + 3 * n * (n - 1), report
+        assert report["calls"].get("_reduce_pushed", 0) == 6 * n, report
+        assert report["writes"] >= 3 * (n - 1) + 3 * n * (n - 1) + 3 * (n - 1), report
         assert "pushed" not in report["calls"], report
 
 
 @pytest.mark.skipif(not ONEHOST, reason="needs cross-memory writes and the shared segment")
-@pytest.mark.parametrize("collective", ["broadcast", "allreduce"])
+@pytest.mark.parametrize("collective", ["broadcast", "allreduce", "reduce"])
 @pytest.mark.parametrize("n", [2, 3])
 def test_a_rank_cancelled_while_a_peer_writes_into_it_waits_for_the_write(
     tmp_path: Path, n: int, collective: str
@@ -118,7 +119,7 @@ def test_a_rank_cancelled_while_a_peer_writes_into_it_waits_for_the_write(
 
 
 @pytest.mark.skipif(not ONEHOST, reason="needs cross-memory writes and the shared segment")
-@pytest.mark.parametrize("collective", ["broadcast", "allreduce"])
+@pytest.mark.parametrize("collective", ["broadcast", "allreduce", "reduce"])
 @pytest.mark.parametrize("n", [2, 3])
 def test_a_write_that_fails_fails_the_call_naming_the_peer(
     tmp_path: Path, n: int, collective: str

@@ -10,21 +10,22 @@ the rank goes through a counter; ``push_into`` and ``pushed`` are counted.
 
 Modes:
 
-- ``stress``: broadcasts (every root in turn) and allreduces (sum, max, mean) of odd sizes
-  from just above ``PUSH_MIN_BYTES`` to a few MiB, in four dtypes each. About half of the
+- ``stress``: broadcasts and reduces (every root in turn) and allreduces (sum, max, mean)
+  of odd sizes from just above ``PUSH_MIN_BYTES`` to a few MiB, in four dtypes each; a
+  reduce's other ranks check that their input is unchanged. About half of the
   ranks (roles rotate) check their result against numpy; the others overwrite their array
   with a sentinel the moment the call returns, and check, after the next collective (when
   every peer has certainly returned from the call), that the sentinel is still whole: a
   peer that wrote into an array after its owner's call returned spoils it, and a rank that
   returned before the writes into its array landed spoils a checked result.
-- ``cancel-in-broadcast``, ``cancel-in-allreduce``: a broadcast from rank 0 (an allreduce)
-  that rank 1 enters under a cancel scope, cancelled by rank 1's own first read once rank
+- ``cancel-in-broadcast``, ``-allreduce``, ``-reduce``: a broadcast from rank 0 (an
+  allreduce, a reduce to rank 1) that rank 1 enters under a cancel scope, cancelled by rank 1's own first read once rank
   0 says in the segment that it may be writing. Rank 0 holds its first write (into rank 1)
   until rank 1 has marked itself gone, then 0.2 s more, then writes one step: rank 1's call
   must end only after that write, so the sentinel that rank 1 writes the moment its call
   ends must still be whole once rank 0 says (a marker file) that its write is over. Rank 0
   must write no more into rank 1, and every rank must hear that rank 1 cancelled.
-- ``write-fails-in-broadcast``, ``write-fails-in-allreduce``: rank 0's first write fails as
+- ``write-fails-in-broadcast``, ``-allreduce``, ``-reduce``: rank 0's first write fails as
   ``process_vm_writev`` fails when the peer is gone (ESRCH): rank 0 must raise
   ``PeerFailedError`` naming rank 1, and every rank raise.
 - ``natural``: the CPU count left as the ranks agreed it; one broadcast of 1 MiB + 4 bytes
@@ -146,6 +147,19 @@ async def stress(comm: trioring.Communicator, rank: int) -> dict[str, Any]:
             spoiled.append((f"allreduce #{i}", array))
         elif not np.array_equal(array, reference[op].astype(dtype)):
             errors.append(f"allreduce #{i} {dtype}[{count}] {op}")
+        # A reduce to every root in turn: the others write into the root's array only,
+        # and leave their own as it was.
+        array = inputs[rank].copy()
+        await comm.reduce(array, root=root, op=op)
+        check_spoiled()
+        if rank != root:
+            if not np.array_equal(array, inputs[rank]):
+                errors.append(f"reduce #{i}: rank {rank}'s input changed")
+        elif i % 2:
+            array.fill(SENTINEL)
+            spoiled.append((f"reduce #{i}", array))
+        elif not np.array_equal(array, reference[op].astype(dtype)):
+            errors.append(f"reduce #{i} {dtype}[{count}] {op} root {root}")
     await comm.barrier()
     check_spoiled()
     return {"errors": errors}
@@ -219,6 +233,9 @@ async def interrupted(
         with scope:
             if collective == "broadcast":
                 await comm.broadcast(array, root=0)
+            elif collective == "reduce":
+                # Rank 0 (and the others) write into rank 1's array.
+                await comm.reduce(array, root=1)
             else:
                 await comm.allreduce(array)
         report["returned"] = True

@@ -73,6 +73,8 @@ reduce_scatter   nbytes <= min(SMALL_REDUCE_SCATTER_BYTES, chunk)     ``recursiv
 reduce_scatter   otherwise                                            ``ring``
 reduce_scatterv  as reduce_scatter (total nbytes)                     as reduce_scatter
 reduce           "shm" and nbytes <= allreduce's share of the segment  ``shm``
+reduce           "shm", "cma" and "push" (larger arrays; the others    ``cma``
+                 write their finished segments into the root's)
 reduce           "shm", and nbytes <= PIPE_MAX_REDUCE_BYTES or no      ``pipe``
                  "cma" (larger arrays, through the segment's pipe)
 reduce           "cma", and "shm" or (n >= 3 and nbytes >              ``cma``
@@ -253,13 +255,15 @@ def reduce_scatter(nbytes: int, small_bytes: int, shm_bytes: int = -1, cma: bool
     return "recursive_halving" if nbytes <= small_bytes else "ring"
 
 
-def reduce(nbytes: int, world_size: int, shm_bytes: int = -1, cma: bool = False) -> str:
+def reduce(
+    nbytes: int, world_size: int, shm_bytes: int = -1, cma: bool = False, *, push: bool = False
+) -> str:
     """The reduce row for an array of ``nbytes``; ``shm_bytes`` and ``cma`` as for
-    :func:`reduce_scatter` (see REDUCE_FAMILY above)."""
+    :func:`reduce_scatter` (see REDUCE_FAMILY above), ``push`` as for :func:`allreduce`."""
     if nbytes <= shm_bytes:
         return "shm"
     if shm_bytes >= 0:
-        return "cma" if cma and nbytes > PIPE_MAX_REDUCE_BYTES else "pipe"
+        return "cma" if cma and (push or nbytes > PIPE_MAX_REDUCE_BYTES) else "pipe"
     if cma and world_size >= 3 and nbytes > CMA_MIN_COPY_BYTES:
         return "cma"
     if nbytes <= SMALL_REDUCE_BYTES or world_size <= 2:

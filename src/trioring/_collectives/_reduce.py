@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import _algorithms
-from .._onehost import _cma_collectives, _pipe, _shm_reductions
+from .._onehost import _cma_collectives, _pipe, _push, _shm_reductions
 from .._wire import DTYPE_CODES, NO_ROOT
 from . import _decision
 from ._allreduce import OP_CODES, UFUNCS, ReduceOp, check, shm_bytes
@@ -292,7 +292,11 @@ def plan_reduce(
     flat, reduce_op, checked_root = check_reduce(array, op, root, world.size)
     if forced is None:
         name = _decision.reduce(
-            flat.nbytes, world.size, shm_limit(world), world.peer_pids is not None
+            flat.nbytes,
+            world.size,
+            shm_limit(world),
+            world.peer_pids is not None,
+            push=_push.can_push(world),
         )
     elif (why := unrunnable("reduce", forced, world, flat.nbytes)) is not None:
         raise Refused(why)

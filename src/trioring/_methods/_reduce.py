@@ -152,7 +152,12 @@ class ReduceMethods(CommunicatorCore):
           one, at world 3 and more, above ``CMA_MIN_COPY_BYTES``): as
           :meth:`reduce_scatter` by the same path, each rank reducing its block
           (``[j * size // n, (j + 1) * size // n)``), whatever the root, and dividing a
-          mean once; the root then receives the finished blocks.
+          mean once; the root then receives the finished blocks. With ``"push"`` in
+          :attr:`features`, every array the slots cannot take goes by cross-memory attach,
+          each other rank writing each finished piece of its block straight into the
+          root's array (through one piece of scratch, never through its own array); a root
+          that leaves early waits for the writes in progress to stop, as
+          :meth:`broadcast` says.
         - by reduce-scatter + gather (above): the array is cut into ``world_size`` blocks
           (block ``j``: elements ``[j * size // n, (j + 1) * size // n)``), each reduced as
           :meth:`reduce_scatter` reduces it (by the ring, ``x_j op (x_(j-1) op (... op

@@ -362,8 +362,8 @@ async def _reduce_segments(
     root: int | None,
 ) -> None:
     """:func:`cma_allreduce` (``root`` None) and :func:`cma_reduce`."""
-    if root is None and _push.can_push(world):
-        await _reduce_pushed(world, spec, flat, reduce, divide)
+    if _push.can_push(world):
+        await _reduce_pushed(world, spec, flat, reduce, divide, root)
         return
     n, r = world.size, world.rank
     peers = [q for q in range(n) if q != r]
@@ -418,17 +418,24 @@ async def _reduce_segments(
 
 
 async def _reduce_pushed(
-    world: World, spec: OpSpec, flat: np.ndarray, reduce: np.ufunc, divide: bool
+    world: World,
+    spec: OpSpec,
+    flat: np.ndarray,
+    reduce: np.ufunc,
+    divide: bool,
+    root: int | None,
 ) -> None:
-    """:func:`cma_allreduce` where the ranks push (_push.can_push): rank r reduces
-    segment r piece by piece as before (own values first, then the peers' in rank order),
-    and writes each finished piece straight into every peer's array, while it is still in
-    this core's cache, instead of each peer reading the finished segments afterwards from
-    memory. Only segment r's owner reads or writes that segment of a peer's array, and it
-    reads each piece before it writes it, so no "final" round is needed: a rank returns
-    once every rank has said done (its reads of this rank's array, and its writes into it,
-    are over). A rank that leaves early waits for the peers' writes in progress to stop
-    (see _push); the writes stop for any schedule point."""
+    """:func:`cma_allreduce` (``root`` None) and :func:`cma_reduce` where the ranks push
+    (_push.can_push): rank r reduces segment r piece by piece as before (own values first,
+    then the peers' in rank order), and writes each finished piece straight into every
+    peer's array (a reduce's: into the root's), while it is still in this core's cache,
+    instead of those reading the finished segments afterwards from memory. Only segment r's
+    owner reads or writes that segment of a peer's array, and it reads each piece before it
+    writes it, so no "final" round is needed: a rank returns once every rank has said done
+    (its reads of this rank's array, and its writes into it, are over). A rank written into
+    that leaves early waits for the writes in progress to stop (see _push); the writes stop
+    for any schedule point. A reduce's other ranks reduce each piece in a new array of one
+    piece, since their own arrays stay as they are."""
     assert world.peer_pids is not None
     n, r = world.size, world.rank
     peers = [q for q in range(n) if q != r]
@@ -438,9 +445,15 @@ async def _reduce_pushed(
     chunk = max(1, min(world.chunk_bytes, _REDUCE_STEP_BYTES) // itemsize)
     scratch = world.scratch[: chunk * itemsize].view(flat.dtype)
     local, into = _cma.data_address(flat), _cma.data_address(scratch)
+    # Where this rank's finished pieces go, and who writes into this rank's array.
+    kept = root is None or r == root
+    targets = peers if root is None else [root] if r != root else []
+    writers = peers if kept else []
+    piece = None if kept else np.empty(chunk, flat.dtype)
     try:
         announced = await expose(world, spec, flat, peers)
         addresses = [(q, await address_of(world, spec, announced, q, flat.nbytes)) for q in peers]
+        writes = [(q, at) for q, at in addresses if q in targets]
         _push.begin(world, spec)
         since = time.perf_counter()
         with ignore_fp_errors():  # overflow to inf is a valid result, as in ring_allreduce
@@ -448,7 +461,11 @@ async def _reduce_pushed(
                 if not count:
                     continue
                 at, size = offset * itemsize, count * itemsize
-                target = flat[offset : offset + count]
+                if piece is None:
+                    target, source = flat[offset : offset + count], local + at
+                else:
+                    target, source = piece[:count], _cma.data_address(piece)
+                    target[...] = flat[offset : offset + count]
                 for peer, address in addresses:
                     try:
                         _cma.read_into(world.peer_pids[peer], address + at, into, size)
@@ -459,9 +476,9 @@ async def _reduce_pushed(
                     reduce(target, scratch[:count], out=target)
                 if divide:
                     np.divide(target, n, out=target)
-                for peer, address in addresses:
+                for peer, address in writes:
                     try:
-                        _push.write(world, peer, address + at, local + at, size)
+                        _push.write(world, peer, address + at, source, size)
                     except _cma.CmaError as exc:
                         raise await _push.failed(world, spec, peer, exc) from exc
                 if time.perf_counter() - since >= _SCHEDULE_EVERY_SECONDS:
@@ -475,7 +492,7 @@ async def _reduce_pushed(
         await finish(world, spec, peers, peers)
     except BaseException:
         _push.end(world, spec)
-        await _push.pushed(world, spec, peers)
+        await _push.pushed(world, spec, writers)
         raise
 
 
