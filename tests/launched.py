@@ -37,10 +37,12 @@ WORKERS_DIR = Path(__file__).parent / "workers"
 SCRUBBED = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-def threads_expected(world_size: int) -> bool:
+def threads_expected(world_size: int, *, push: bool = True) -> bool:
     """Whether ranks forked or launched from this process on one host, with cross-memory
     attach and the shared segment, have ``"threads"`` among their features: they inherit
-    this process's CPUs, which must number two for every reader of a broadcast."""
+    this process's CPUs, which must number two for every reader of a broadcast, and the
+    root must not be writing into their arrays instead (see :func:`broadcast_pushes`;
+    ``push`` False: the ranks turned pushing off)."""
     import trioring
     from trioring._onehost._cma_collectives import READ_THREADS
 
@@ -48,6 +50,7 @@ def threads_expected(world_size: int) -> bool:
         trioring.is_available("threads")
         and len(os.sched_getaffinity(0)) >= READ_THREADS * (world_size - 1)
         and world_size > 1
+        and not (push and broadcast_pushes(world_size))
     )
 
 

@@ -111,7 +111,7 @@ class Communicator(
         ``"cma"`` when all ranks agreed at opening to move large arrays by cross-memory
         attach, ``"shm"`` when they agreed to pass small ones through a shared segment,
         ``"threads"`` when, with both, the ranks' CPUs let a large broadcast's readers read
-        in threads, ``"push"`` when, with both, the ranks write into each other's arrays in
+        in threads (and its root does not write into their arrays), ``"push"`` when, with both, the ranks write into each other's arrays in
         large allreduces (and, where every rank has a CPU of its own, a broadcast's root
         writes a share of a large array into the readers' while they read the rest),
         ``"spin"`` when receives poll briefly before parking. The same on every rank but
@@ -123,7 +123,11 @@ class Communicator(
         if world.shm is not None:
             features.add("shm")
         big = _cma_collectives.READ_THREADS_MIN_BYTES
-        if _cma_collectives.read_threads(world, big, world.size - 1) > 1:
+        # Where the root writes a share into the readers' arrays, they read in one thread.
+        if (
+            _cma_collectives.read_threads(world, big, world.size - 1) > 1
+            and _push.push_bytes(world, big) == 0
+        ):
             features.add("threads")
         if _push.can_push(world):
             features.add("push")

@@ -73,17 +73,27 @@ _readv, _load_error = _load()
 _writev, _write_load_error = _load("process_vm_writev")
 
 
-def _self_test() -> str | None:
-    if _readv is None:
-        return _load_error
+def _self_test(*, write: bool = False) -> str | None:
+    """Why a copy within this process by ``process_vm_readv`` (``process_vm_writev``) fails;
+    None if it works."""
+    name, function, error = (
+        ("process_vm_writev", _writev, _write_load_error)
+        if write
+        else ("process_vm_readv", _readv, _load_error)
+    )
+    if function is None:
+        return error
     source = ctypes.create_string_buffer(b"trioring", 8)
     target = ctypes.create_string_buffer(8)
+    remote, local = (target, source) if write else (source, target)
     try:
-        read_into(os.getpid(), ctypes.addressof(source), ctypes.addressof(target), 8)
+        (write_into if write else read_into)(
+            os.getpid(), ctypes.addressof(remote), ctypes.addressof(local), 8
+        )
     except CmaError as exc:
-        return f"process_vm_readv is not permitted here ({exc.strerror}; seccomp or a sandbox?)"
+        return f"{name} is not permitted here ({exc.strerror}; seccomp or a sandbox?)"
     if target.raw != source.raw:  # pragma: no cover - the kernel would be broken
-        return "process_vm_readv returned wrong data"
+        return f"{name} copied wrong data"
     return None
 
 
@@ -98,17 +108,7 @@ def unavailable_reason() -> str | None:
 def write_unavailable_reason() -> str | None:
     """Why this process cannot write into a peer's memory (``process_vm_writev``, which the
     kernel allows where it allows reads, but a seccomp filter may not); None if it can."""
-    if _writev is None:
-        return _write_load_error
-    target = ctypes.create_string_buffer(8)
-    source = ctypes.create_string_buffer(b"trioring", 8)
-    try:
-        write_into(os.getpid(), ctypes.addressof(target), ctypes.addressof(source), 8)
-    except CmaError as exc:
-        return f"process_vm_writev is not permitted here ({exc.strerror}; seccomp or a sandbox?)"
-    if target.raw != source.raw:  # pragma: no cover - the kernel would be broken
-        return "process_vm_writev wrote wrong data"
-    return None
+    return _self_test(write=True)
 
 
 def read_into(pid: int, remote: int, local: int, nbytes: int) -> None:

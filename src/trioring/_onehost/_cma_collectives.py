@@ -450,6 +450,7 @@ async def _reduce_pushed(
     targets = peers if root is None else [root] if r != root else []
     writers = peers if kept else []
     piece = None if kept else np.empty(chunk, flat.dtype)
+    at_piece = 0 if piece is None else _cma.data_address(piece)
     try:
         announced = await expose(world, spec, flat, peers)
         addresses = [(q, await address_of(world, spec, announced, q, flat.nbytes)) for q in peers]
@@ -464,7 +465,7 @@ async def _reduce_pushed(
                 if piece is None:
                     target, source = flat[offset : offset + count], local + at
                 else:
-                    target, source = piece[:count], _cma.data_address(piece)
+                    target, source = piece[:count], at_piece
                     target[...] = flat[offset : offset + count]
                 for peer, address in addresses:
                     try:

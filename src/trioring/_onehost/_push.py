@@ -1,25 +1,29 @@
-"""A broadcast's root writing part of its array into the readers' arrays while they read the
-rest (``process_vm_writev``): where every rank of the host has a CPU of its own, the root's
-core otherwise only waits while each reader copies the whole array alone.
+"""Ranks writing into their peers' arrays (``process_vm_writev``) on one host: a broadcast's
+root writes a share of its array into the readers' while they read the rest (its core
+otherwise only waits), and each rank of an allreduce (a reduce) writes each piece of its
+segment into every peer's array (the root's) as soon as it has reduced it, from its cache,
+instead of the peers reading the finished segments from memory afterwards.
 
 Writing into another process's memory is safe only while that process waits for the write,
-so the protocol is about one thing: no write may land in a reader's array once the reader's
-call has ended, however it ended. Each side announces itself before it looks at the other,
+so the protocol is about one thing: no write may land in an array once its owner's call
+has ended, however it ended. Each side announces itself before it looks at the other,
 with a full fence between (:func:`fence`), so at least one of them sees the other:
 
-* the root stores ``2 * seq`` in its *pushing* word (:data:`~._shm.PUSHING`), then looks at
-  a reader's sequence word before every write step (at most ``PUSH_STEP_BYTES``), and
-  writes only while it is not ``BROKEN``; once it has stopped, for any reason, it stores
-  ``2 * seq + 1``;
-* a reader that leaves the call early (cancelled, or failing) first marks its sequence word
-  ``BROKEN``, then looks at the root's pushing word: if the root may be writing (``2 *
-  seq``), it waits, shielded, until the root stores that it has stopped, or its connection
-  ends (its process is gone: the kernel closes a dead process's sockets only after its
-  memory is gone, so no write of it is still under way). A root that runs stops within one
-  step (a millisecond at most here); one stopped by a signal or a debugger in the middle
-  of its write steps holds a reader's cancellation until it runs again or dies.
+* a writer stores ``2 * seq`` in its *pushing* word (:data:`~._shm.PUSHING`,
+  :func:`begin`), then looks at the owner's sequence word before every write (at most
+  ``PUSH_STEP_BYTES``, or one piece of a reduction), and writes only while it is not
+  ``BROKEN``; before anything that may let other tasks run, and once it has stopped, for
+  any reason, it stores ``2 * seq + 1`` (:func:`end`);
+* an owner that leaves the call early (cancelled, or failing) first marks its sequence
+  word ``BROKEN``, then looks at each writer's pushing word: where one may be writing
+  (``2 * seq``), it waits, shielded, until that writer stores that it has stopped, or its
+  connection ends (its process is gone: the kernel closes a dead process's sockets only
+  after its memory is gone, so no write of it is still under way) (:func:`pushed`). A
+  writer that runs stops within one step (a millisecond at most here); one stopped by a
+  signal or a debugger in the middle of its writes holds an owner's cancellation until it
+  runs again or dies.
 
-A reader that completes its call waits anyway for the root's *done* word, which the root
+An owner that completes its call waits anyway for every writer's *done* word, which each
 stores after its writes. Only on x86-64, whose stores reach other cores in program order
 (as the segment's protocols assume elsewhere, see _cma.STORES_IN_ORDER), where a locked
 instruction is a full fence.
