@@ -99,8 +99,8 @@ def test_pushed_broadcasts_are_whole_and_never_written_after_they_return(
 def test_a_rank_cancelled_while_a_peer_writes_into_it_waits_for_the_write(
     tmp_path: Path, n: int, collective: str
 ) -> None:
-    """Rank 1 is cancelled once rank 0 may be writing into its array; rank 0 holds its
-    first write until rank 1 has marked itself gone, and 0.2 s more: rank 1's call ends
+    """Rank 1 is cancelled once rank 0 is in its first write into its array, which rank 0
+    holds until rank 1 has marked itself gone, and 0.2 s more: rank 1's call ends
     only after that write (the sentinel it writes at once survives), rank 0 writes no more
     into rank 1, and every rank hears that rank 1 cancelled."""
     reports = run_reports(WORKER, [f"cancel-in-{collective}", str(tmp_path)], tmp_path, n)

@@ -212,6 +212,13 @@ class Link(LinkErrors):
         error._trioring_clean_close = await self._raise_pending_abort(spec)
         return error
 
+    async def memory_error(
+        self, spec: OpSpec, error: OSError, *, wrote: bool = False
+    ) -> CollectiveError:
+        """What to raise for a cross-memory read of the peer's memory (``wrote``: a write
+        into it) that failed: :meth:`explained` of the link's ``memory_failed``."""
+        return await self.explained(spec, self.memory_failed(spec, error, wrote=wrote))
+
     # -- receiving ---------------------------------------------------------------------
 
     async def pending_abort(self, spec: OpSpec) -> CollectiveError | None:

@@ -19,12 +19,13 @@ Modes:
   peer that wrote into an array after its owner's call returned spoils it, and a rank that
   returned before the writes into its array landed spoils a checked result.
 - ``cancel-in-broadcast``, ``-allreduce``, ``-reduce``: a broadcast from rank 0 (an
-  allreduce, a reduce to rank 1) that rank 1 enters under a cancel scope, cancelled by rank 1's own first read once rank
-  0 says in the segment that it may be writing. Rank 0 holds its first write (into rank 1)
-  until rank 1 has marked itself gone, then 0.2 s more, then writes one step: rank 1's call
-  must end only after that write, so the sentinel that rank 1 writes the moment its call
-  ends must still be whole once rank 0 says (a marker file) that its write is over. Rank 0
-  must write no more into rank 1, and every rank must hear that rank 1 cancelled.
+  allreduce, a reduce to rank 1) that rank 1 enters under a cancel scope, cancelled by
+  rank 1's own first read once rank 0 is in its first write into rank 1 (a marker file;
+  past its look at rank 1's word), which rank 0 holds until rank 1 has marked itself gone,
+  then 0.2 s more: rank 1's call must end only after that write, so the sentinel that
+  rank 1 writes the moment its call ends must still be whole once rank 0 says (another
+  marker file) that its write is over. Rank 0 must write no more into rank 1, and every
+  rank must hear that rank 1 cancelled.
 - ``write-fails-in-broadcast``, ``-allreduce``, ``-reduce``: rank 0's first write fails as
   ``process_vm_writev`` fails when the peer is gone (ESRCH): rank 0 must raise
   ``PeerFailedError`` naming rank 1, and every rank raise.
@@ -201,13 +202,15 @@ async def interrupted(
     assert slots is not None
     seqs = slots.seqs
     seq = comm.seq + 1
-    wrote = out_dir / "root-wrote"
+    wrote, writing = out_dir / "root-wrote", out_dir / "root-writing"
     if mode == "cancel" and rank == 0:
 
         def before_write(writes: int) -> None:
             if writes == 1:
-                # Rank 1 has marked itself gone: a root that did not look before its write
-                # would write anyway, and a reader that did not wait would be gone by then.
+                # In its first write into rank 1 (past its look at rank 1's word), until
+                # rank 1 has marked itself gone: a rank 1 that did not wait for this write
+                # would be gone by the time it lands.
+                writing.touch()
                 _wait_until(lambda: seqs[1 * _shm.LINE // 8] == _shm.BROKEN)
                 time.sleep(0.2)
 
@@ -216,9 +219,9 @@ async def interrupted(
 
         def before_read() -> None:
             if not scope.cancel_called:
-                # Once rank 0 may be writing into this rank's array (in an allreduce,
-                # once this rank's first piece has been read).
-                _wait_until(lambda: seqs[_shm.PUSHING] == 2 * seq)
+                # Once rank 0 is in its first write into this rank's array (its reads of
+                # this rank's memory need nothing of this rank meanwhile).
+                _wait_until(writing.exists)
                 report["root_was_writing"] = bool(seqs[_shm.PUSHING] == 2 * seq)
                 scope.cancel()
 

@@ -272,8 +272,7 @@ async def _read_shares(
         try:
             result.unwrap()
         except _cma.CmaError as exc:
-            link = world.links[peer]
-            raise await link.explained(spec, link.memory_failed(spec, exc)) from exc
+            raise await world.links[peer].memory_error(spec, exc) from exc
 
 
 async def _read_range(
@@ -298,8 +297,7 @@ async def _read_range(
             # Most of what is left comes before the read fails: the kernel reports the peer
             # gone only once the killed process has started to exit, which, with eight
             # processes on 2 cores, takes tens of milliseconds.
-            link = world.links[peer]
-            raise await link.explained(spec, link.memory_failed(spec, exc)) from exc
+            raise await world.links[peer].memory_error(spec, exc) from exc
         done += step
         if time.perf_counter() - since >= _SCHEDULE_EVERY_SECONDS:
             await trio.lowlevel.checkpoint()
@@ -472,8 +470,7 @@ async def _reduce_pushed(
                         _cma.read_into(world.peer_pids[peer], address + at, into, size)
                     except _cma.CmaError as exc:
                         _push.end(world, spec)
-                        link = world.links[peer]
-                        raise await link.explained(spec, link.memory_failed(spec, exc)) from exc
+                        raise await world.links[peer].memory_error(spec, exc) from exc
                     reduce(target, scratch[:count], out=target)
                 if divide:
                     np.divide(target, n, out=target)
@@ -521,21 +518,17 @@ async def cma_broadcast(world: World, spec: OpSpec, flat: np.ndarray, root: int)
         # Where the others read in threads, the core this rank would poll on is theirs.
         await finish(world, spec, (), peers, park=threads > 1)
         return
-    if not push:
-        announced = await expose(world, spec, None, ())
-        address = await address_of(world, spec, announced, root, flat.nbytes)
-        await read_peer(world, spec, root, address, flat.view(np.uint8), threads=threads)
-        await finish(world, spec, (root,), ())
-        return
     try:
-        # This rank's array, announced to the root, which writes its end.
-        announced = await expose(world, spec, flat, ())
+        # Where the root pushes, this rank's array is announced to it, which writes its end.
+        announced = await expose(world, spec, flat if push else None, ())
         address = await address_of(world, spec, announced, root, flat.nbytes)
-        await read_peer(world, spec, root, address, flat.view(np.uint8)[: flat.nbytes - push])
+        into = flat.view(np.uint8)[: flat.nbytes - push]
+        await read_peer(world, spec, root, address, into, threads=threads)
         # Returns once the root has said done, after its writes.
         await finish(world, spec, (root,), ())
     except BaseException:
-        await _push.pushed(world, spec, (root,))
+        if push:
+            await _push.pushed(world, spec, (root,))
         raise
 
 

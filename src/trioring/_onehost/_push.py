@@ -107,10 +107,10 @@ def push_bytes(world: World, nbytes: int) -> int:
     wait: at world 4 on 2 vCPUs they won nothing, 1 MiB 1.64-1.85 of Open MPI's time against
     1.01-1.55 through the pipe, 4 MiB 1.04-1.08 against 1.01-1.49, 64 MiB 0.68 against
     0.67-0.69), and the array has more than ``PUSH_MIN_BYTES``. The same on every rank."""
-    slots = world.shm
-    if nbytes <= PUSH_MIN_BYTES or slots is None or not slots.push or slots.cpus < world.size:
+    if nbytes <= PUSH_MIN_BYTES or not can_push(world):
         return 0
-    return nbytes // world.size // _PAGE * _PAGE
+    assert world.shm is not None
+    return nbytes // world.size // _PAGE * _PAGE if world.shm.cpus >= world.size else 0
 
 
 def begin(world: World, spec: OpSpec) -> None:
@@ -146,8 +146,7 @@ def write(world: World, peer: int, remote: int, local: int, nbytes: int) -> bool
 async def failed(world: World, spec: OpSpec, peer: int, exc: _cma.CmaError) -> CollectiveError:
     """The error to raise for a failed write into ``peer``'s memory (ends the writes)."""
     end(world, spec)
-    link = world.links[peer]
-    return await link.explained(spec, link.memory_failed(spec, exc, wrote=True))
+    return await world.links[peer].memory_error(spec, exc, wrote=True)
 
 
 async def push_into(
