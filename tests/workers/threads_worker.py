@@ -96,7 +96,27 @@ def make(dtype: np.dtype[Any], count: int, seed: int) -> np.ndarray[Any, Any]:
 
 
 async def stress(comm: trioring.Communicator, rank: int) -> dict[str, Any]:
+    global _before_read
     errors: list[str] = []
+    meeting = threading.Barrier(2)
+
+    def meet(main: bool, seen: int) -> None:
+        # The first read in this task and the first in a helper wait for each other (this
+        # blocks the event loop briefly): both are in flight at once whatever the scheduler
+        # does, so that the report shows two reads together only if the call started its
+        # helper before its own read and reads alongside it. (On two busy CPUs the helper
+        # could otherwise start after this task's read ended: seen once in CI.)
+        if seen == 1:
+            try:
+                meeting.wait(10)
+            except threading.BrokenBarrierError:
+                errors.append(
+                    f"the first read in the {'main' if main else 'helper'} thread "
+                    "met no read in the other within 10 s"
+                )
+
+    _seen.update({True: 0, False: 0})  # (opening read the peers' cookies)
+    _before_read = meet
     n = comm.world_size
     for i in range(2 * n):
         dtype = np.dtype(DTYPES[i % len(DTYPES)])
@@ -109,6 +129,7 @@ async def stress(comm: trioring.Communicator, rank: int) -> dict[str, Any]:
             array.fill(0)
         elif not np.array_equal(array, expected):
             errors.append(f"broadcast #{i} {dtype}[{count}] root {root}")
+    _before_read = None
     return {"errors": errors}
 
 
