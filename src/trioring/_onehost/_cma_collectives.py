@@ -94,7 +94,10 @@ READ_THREADS_MIN_BYTES = 24 * 1024 * 1024
 #: 64 MiB 24374 / 23291 / - / 24878; at world 4 (2 cores) allreduce 4 MiB 2842 / 2909 / -
 #: / 3047, reduce_scatter 4 MiB 1725 / 1544 / - / 1668, 16 MiB 6784 / 5867 / - / 6686,
 #: reduce 4 MiB 2633 / 2575 / - / 2704. Smaller pieces pay a system call and Python per
-#: piece (64 KiB: 4 MiB 802-1027 us).
+#: piece (64 KiB: 4 MiB 802-1027 us). Since the ranks write their pieces into the peers'
+#: arrays (_push), measured again at world 2 (bench/paired.py --sizes 4M --windows 7, two
+#: runs each, ratio to Open MPI, 128 KiB / 256 KiB / 512 KiB): allreduce 1.12, 1.05 /
+#: 1.05, 0.93 / 1.02, 1.10; reduce 1.03, 0.93 / 0.97, 1.04 / 0.97, 1.08: within the noise.
 _REDUCE_STEP_BYTES = 256 * 1024
 
 ANNOUNCE = struct.Struct("<QQ")  # address of the array's data, its size in bytes
