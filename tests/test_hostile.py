@@ -374,14 +374,16 @@ def test_reset_during_mesh_handshake(worlds: Worlds) -> None:
     assert error is not None
     assert (error["type"], error["peer"]) == ("RendezvousError", 1), error
     assert "handshake with rank 1" in error["message"], error
-    assert opened[2]["elapsed"] < SPREAD_S
+    # From the reset, not from each rank's start: a rank's open also waits for its peers'
+    # interpreters to start, which on two busy cores may take most of SPREAD_S.
+    assert opened[2]["ended"] - fault["t"] < SPREAD_S, (opened[2], fault)
     for rank in (0, 1):
         error = opened[rank]["error"]
         assert error is not None, opened[rank]
         assert (error["type"], error["peer"]) == ("RendezvousError", 2), error
         assert "rank 2 failed" in error["message"], error
         assert "handshake with rank 1" in error["message"], error
-        assert opened[rank]["elapsed"] < SPREAD_S, opened[rank]
+        assert opened[rank]["ended"] - fault["t"] < SPREAD_S, (opened[rank], fault)
     log = (world.out_dir / "w1.trioring.log").read_text()
     # Rank 2 connects to rank 1 twice (collectives and point-to-point): both are reset.
     assert len(rejections(world.out_dir / "w1.trioring.log", "connection set-up")) == 2, log

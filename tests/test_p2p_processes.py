@@ -88,8 +88,8 @@ def test_eager_messages_land_whole_in_out(tmp_path: Path, n: int) -> None:
     for report in reports:
         assert report["wrong"] == [], report
         assert report["messages"] == 21, report
-    if n == 2:  # a core each: the receives poll, and take messages themselves
-        assert all(report["taken"] > 0 for report in reports), reports
+    # Which of the two took each message depends on the scheduler (how many of them a
+    # receive found whole on the socket): tests/test_p2p_polling.py makes each case happen.
 
 
 @pytest.mark.parametrize(("n", "seed"), [(2, 1), (4, 2)])

@@ -113,8 +113,12 @@ class Reporter:
         self.report: dict[str, Any] = {"index": index, "pid": os.getpid(), "steps": {}}
 
     def record(self, step: str, started: float, exc: BaseException | None, **extra: Any) -> None:
+        # "ended" on the host's monotonic clock, to set beside other processes' marks (a
+        # fault's time, a peer's end): "elapsed" also counts waits for peers to start.
+        ended = time.monotonic()
         self.report["steps"][step] = {
-            "elapsed": time.monotonic() - started,
+            "elapsed": ended - started,
+            "ended": ended,
             "error": None if exc is None else describe(exc),
             **extra,
         }
