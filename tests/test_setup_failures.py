@@ -22,14 +22,18 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import pytest
 import trio
+import trio.testing
 
 import trioring
 from conftest import WAIT_S, WORKERS_DIR, Worker, free_tcp_port, poll_until
 from netns import Hosts, open_hosts
-from trioring import _config, _rendezvous, _setup
+from trioring import _config, _control, _rendezvous, _setup
 from trioring._config import Config
+from trioring._errors import RendezvousError
+from trioring.transports._memory import StreamConnection
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -103,6 +107,53 @@ def test_a_rank_failing_during_set_up_fails_every_rank(
         # Every channel closed: the ranks that had nothing else to notice say so.
         messages = [open_error(report)["message"] for report in reports.values()]
         assert any("rank 0 left during set-up" in m for m in messages), messages
+
+
+@pytest.mark.parametrize(
+    ("own", "blamed"),
+    [
+        # Rank 2 gave up when rank 0 died and closed its connections mid-handshake: an echo.
+        (RendezvousError("rank 3: handshake with rank 2 failed: reset", rank=3, peer=2), 0),
+        # About rank 0 itself: ours says more than "rank 0 left".
+        (RendezvousError("rank 3: cannot connect to rank 0: refused", rank=3, peer=0), None),
+        # Not about another rank: this rank's own failure stands.
+        (RuntimeError("this rank's own failure"), None),
+    ],
+)
+async def test_a_failure_with_a_peer_while_rank_0_dies_names_rank_0(
+    autojump_clock: trio.testing.MockClock, own: Exception, blamed: int | None
+) -> None:
+    """A rank whose share of the set-up failed with a peer other than rank 0 while rank 0
+    died (no verdict: its channel closed) raises that rank 0 left, from its own failure: in
+    real processes rank 3 said "handshake with rank 2 failed: connection reset" where rank
+    0 had been killed (1 run of test_a_rank_failing_during_set_up_fails_every_rank[4-tcp-
+    0-mesh-kill] in about 50 on two loaded cores). An own failure about rank 0, or about
+    this rank alone, is raised as it is."""
+    ours, rank0 = trio.testing.memory_stream_pair()
+    follower = _control.Follower(attrs.evolve(config_of(4), rank=3), StreamConnection(ours))
+    follower.joined = True  # rank 0 watches the channel: the failure is reported on it
+    failed = trio.Event()
+
+    async def share() -> None:
+        failed.set()
+        raise own
+
+    async def rank_0_dies() -> None:
+        await failed.wait()
+        await trio.testing.wait_all_tasks_blocked()  # the report is sent, the verdict awaited
+        await rank0.aclose()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(rank_0_dies)
+        with pytest.raises(Exception) as raised:  # noqa: PT011 (either, checked below)
+            await follower.run(share)
+    if blamed is None:
+        assert raised.value is own
+        return
+    error = raised.value
+    assert isinstance(error, RendezvousError), error
+    assert (error.peer, error.__cause__) == (0, own)
+    assert str(error).startswith("rank 3: rank 0 left during set-up ("), error
 
 
 # -- across hosts: one rank cannot reach another ---------------------------------------------

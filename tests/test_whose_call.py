@@ -173,10 +173,17 @@ async def test_every_rank_names_the_odd_uneven_call(
 
 
 UNEVEN_SCRIPT = """
-    import sys
+    import signal, sys
     import numpy as np
     import trio
     import trioring
+
+    # Whose call differs is told from every failing rank's report together (the rank that
+    # saw the mismatch need not have seen every other rank's call): the launcher's
+    # SIGTERM, sent once the first of them has exited, must not cut a rank off before its
+    # excepthook (which ignores SIGTERM from then on) runs. A rank that hangs still gets
+    # SIGKILL after the grace period.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
     async def main():
         async with trioring.open_communicator() as comm:

@@ -99,6 +99,12 @@ def _describe(exc: BaseException, rank: int) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _about_another_peer(exc: Exception) -> bool:
+    """Whether ``exc`` is this rank's set-up error about its connection with a rank other
+    than rank 0."""
+    return isinstance(exc, RendezvousError) and exc.peer not in (None, 0)
+
+
 class _Failure(Exception):
     """Inside the coordinator: rank ``subject`` failed, and ``reason`` says how."""
 
@@ -342,7 +348,9 @@ class Follower:
         An ABORT interrupts ``share`` and is raised. If ``share`` fails first, rank 0 is told
         (FAILED) and its verdict awaited (up to :data:`VERDICT_SECONDS`): if another rank
         failed first, as our own failure is often only its echo (a connection it closed),
-        that is raised, from ours; otherwise ours is."""
+        that is raised, from ours; if rank 0 left without a verdict (it died), that it left
+        is raised, from ours, unless ours is about rank 0 or this rank alone; otherwise ours
+        is."""
         rank = self._config.rank
         own: list[Exception] = []
         # What rank 0 said: nothing yet; GO (None); ABORT (its error, True); or it left
@@ -390,9 +398,17 @@ class Follower:
 
         final = verdict[0] if verdict else None
         if own:
-            # Unless another rank's failure came first, ours says most (also when rank 0 is
-            # gone without a verdict).
-            if final is not None and final[1] and final[0].peer != rank:
+            # Unless another rank's failure came first, ours says most; and when rank 0 is
+            # gone without a verdict, ours says most only if it is about rank 0 or this rank
+            # alone. A failure with another peer is then most likely that peer's echo of rank
+            # 0's death (it gave up and closed its connections while we shook hands with it:
+            # "connection reset by rank 2" where rank 0 was killed), and a rank 0 that died
+            # is a failure of its own in any case.
+            if (
+                final is not None
+                and final[0].peer != rank
+                and (final[1] or _about_another_peer(own[0]))
+            ):
                 raise final[0] from own[0]
             raise own[0]
         if final is not None:

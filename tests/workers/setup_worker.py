@@ -1,8 +1,8 @@
 """A rank for tests/test_setup_failures.py: open a communicator (and close it again), with a
 fault injected into the set-up when ``SETUP_FAULT`` says so. Usage as every worker here
 (``python setup_worker.py open OUT_DIR INDEX``, see _worker_util.py); the report's ``open``
-step also has ``ended``, the wall-clock time (``time.time()``) at which open_communicator
-returned or raised, to compare with other processes on this host.
+step's ``ended`` (every step has one: the host's monotonic clock, ``time.monotonic()``, at
+which open_communicator returned or raised) is compared with other processes on this host.
 
 ``SETUP_FAULT`` (only the victim has it):
 
@@ -38,7 +38,7 @@ FAULT = os.environ.get("SETUP_FAULT", "")
 
 
 def _die(reporter: Reporter, how: str) -> None:
-    reporter.write(f"w{reporter.index}.died", repr(time.time()).encode())
+    reporter.write(f"w{reporter.index}.died", repr(time.monotonic()).encode())
     if how == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     raise RuntimeError("injected failure in the middle of the mesh")
@@ -89,7 +89,7 @@ async def run(reporter: Reporter) -> None:
             nursery.cancel_scope.cancel()
     if giving_up.cancelled_caught:
         error = trio.TooSlowError(f"gave up: the test created w{reporter.index}.giveup")
-    reporter.record("open", started, error, ended=time.time())
+    reporter.record("open", started, error)
 
 
 def main() -> None:
