@@ -111,10 +111,11 @@ class Communicator(
         ``"cma"`` when all ranks agreed at opening to move large arrays by cross-memory
         attach, ``"shm"`` when they agreed to pass small ones through a shared segment,
         ``"threads"`` when, with both, the ranks' CPUs let a large broadcast's readers read
-        in threads (and its root does not write into their arrays), ``"push"`` when, with both, the ranks write into each other's arrays in
-        large allreduces (and, where every rank has a CPU of its own, a broadcast's root
-        writes a share of a large array into the readers' while they read the rest),
-        ``"spin"`` when receives poll briefly before parking. The same on every rank but
+        in threads (and its root does not write into their arrays), ``"push"`` when, with
+        both, the ranks write into each other's arrays in large allreduces and reduces (and,
+        where every rank has a CPU of its own, a broadcast's root writes a share of a large
+        array into the readers' while they read the rest), ``"spin"`` when receives poll
+        briefly before parking. The same on every rank but
         ``"spin"``, a local choice."""
         features = set()
         world = self._world

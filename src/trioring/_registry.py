@@ -219,9 +219,8 @@ def _features() -> list[Capability]:
                 f"calls of more than {_push.PUSH_MIN_BYTES // 1024} KiB: each rank of an "
                 "allreduce (a reduce) writes each piece of its segment into every other "
                 "rank's (the root's) as soon as it has reduced it, and, where every rank "
-                "has a CPU of its own, a "
-                "broadcast's root writes a share of the array into every other rank's "
-                "while they read the rest; off with TRIORING_PUSH=0",
+                "has a CPU of its own, a broadcast's root writes a share of the array into "
+                "every other rank's while they read the rest; off with TRIORING_PUSH=0",
             ),
         )
     ]
