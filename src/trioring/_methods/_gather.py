@@ -194,8 +194,10 @@ class GatherMethods(CommunicatorCore):
         more than ``CMA_MIN_SCATTER_BYTES`` with one, ``CMA_MIN_COPY_BYTES`` without)
         and every rank agreed to use cross-memory attach (``"cma"`` in :attr:`features`),
         every other rank reads its block straight from the root's array after the header
-        round, and the root returns once all have; a rank that has read its block returns
-        at once. A list on the root always goes by the tree, even when ``"cma"`` is forced.
+        round, and the root returns once all have; with a shared segment every rank returns
+        once all have (so a rank that fails in the read makes every rank raise in the call),
+        without one a rank that has read its block returns at once. A list on the root
+        always goes by the tree, even when ``"cma"`` is forced.
         With a shared segment but without cross-memory attach, such an array streams through
         the segment's pipe after the header round instead (the root copies each block in,
         chunk by chunk, its rank copies it out), and every rank returns once all have.
