@@ -176,6 +176,25 @@ def test_critical_path_script_runs(collective: str) -> None:
     assert "the ranks started " in stdout, stdout
 
 
+def test_placement_script_runs() -> None:
+    """bench/placement.py, briefly: every call counted after the first twelfth falls in
+    one placement, each placement accounts for every rank, and the blocks are printed."""
+    stdout = _run_bench_script(
+        "placement.py", 3, "--collective", "allreduce", "--size", "4K", "--calls", "24"
+    )
+    lines = stdout.splitlines()
+    assert any("allreduce 4096 B, world 3, 22 calls," in line for line in lines), stdout
+    rows = [line.split("] ", 1)[-1] for line in lines if " calls, median " in line]
+    assert rows, stdout
+    counted = 0
+    for row in rows:
+        where, rest = row.rsplit(":", 1)
+        counted += int(rest.split()[0])
+        assert sum(int(part) for part in where.split("(")[0].strip().split("+")) == 3, row
+    assert counted == 22, stdout
+    assert any("blocks of 40 calls, in order: " in line for line in lines), stdout
+
+
 @pytest.mark.parametrize("collective", ["allgather", "gather", "scatter", "alltoall"])
 def test_phases_script_runs(collective: str) -> None:
     """bench/phases.py wraps three functions of the cross-memory attach path in timers: a
