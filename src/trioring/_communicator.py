@@ -259,8 +259,10 @@ class Communicator(
         by piece while the root copies the next). Larger arrays, where every rank has a
         CPU of its own (``"push"`` in :attr:`features`), go by cross-memory attach: each
         other rank copies the root's array directly, all but its last ``1/n``, which the
-        root writes into it meanwhile; the call returns on a reader once both are done, and
-        a reader that leaves early (cancelled, failing) first waits for the root's write
+        root writes into it meanwhile; the call returns on every rank once every rank has
+        said it is done (each reader's read, the root's writes), so a rank that fails or
+        gives up in the call makes every rank raise in it, and a reader that leaves early
+        (cancelled, failing) first waits for the root's write
         in progress to end, at most one step of ``PUSH_STEP_BYTES`` (while the root runs:
         a root stopped by a signal or a debugger at that moment holds it until it runs
         again or dies). Otherwise they stream through the segment's pipe, chunk by chunk,
@@ -270,7 +272,9 @@ class Communicator(
         copying the root's array directly in two threads at once while the root waits.
         Without a segment, above ``CMA_MIN_BYTES``
         with cross-memory attach (see :meth:`allreduce`), every rank copies the root's
-        array directly instead. By cross-memory attach the root returns once all have.
+        array directly instead. By cross-memory attach the root returns once every other
+        rank has copied the array; with a segment so does every other rank, without one
+        each returns as soon as it has its copy.
 
         Raises:
             InvalidArgumentError: bad array or ``root`` not in ``range(world_size)``.

@@ -34,10 +34,14 @@ class GatherMethods(CommunicatorCore):
         root's ``x.shape``) whose row ``i`` is rank ``i``'s ``x``, or ``out`` when given,
         filled in rank order; it is made of copies only, so bitwise the ranks' inputs. On
         every other rank, returns None. ``x`` itself is only read, on every rank. A world of
-        one, and a size of 0, work (and still checkpoint). A non-root rank returns once its
-        parent in the tree has taken its subtree's blocks: a failure elsewhere after that
-        is raised by its next call, not by this one; the root raises unless it has every
-        block.
+        one, and a size of 0, work (and still checkpoint). By the tree, a non-root rank
+        returns once its parent has taken its subtree's blocks: a failure elsewhere after
+        that is raised by its next call, not by this one. Through the shared segment's
+        slots a rank returns once every rank has published the call (the root once it has
+        copied every block); through the pipe, or by cross-memory attach with a segment,
+        only once every rank has done its part, so a rank that fails or gives up before
+        then makes every rank raise in the call; by cross-memory attach without a segment,
+        once the root has read every block. The root raises unless it has every block.
 
         Args:
             x: C-contiguous ``numpy.ndarray`` (or ``numpy.memmap``) of a supported dtype,
@@ -159,9 +163,12 @@ class GatherMethods(CommunicatorCore):
         Returns a **new array** of this rank's block (the root's too is a copy), or ``out``
         when given. The blocks are made of copies only, so bitwise the root's. A world of
         one, and blocks of size 0, work (and still checkpoint). The root's blocks are only
-        read. A rank returns once it has its block and has passed its children in the tree
+        read. By the tree, a rank returns once it has its block and has passed its children
         theirs (the root: once it has sent them all): a failure elsewhere after that is
-        raised by its next call, not by this one.
+        raised by its next call, not by this one. Through the slots a rank returns once
+        every rank has published the call and it has its block. For a list, when any rank
+        passed ``out=``, every rank returns only after a closing barrier (below). The
+        other one-host paths' rules are below too.
 
         Args:
             blocks: on ``root``, a C-contiguous ``numpy.ndarray`` (or ``numpy.memmap``) of
@@ -176,8 +183,11 @@ class GatherMethods(CommunicatorCore):
                 layout is checked before any I/O, and its dtype and element count against
                 the root's block once the root's header has arrived: a disagreement raises
                 :class:`~trioring.CollectiveMismatchError` on every rank, never a hang, and
-                nothing is written into ``out`` then. After any other failure or
-                cancellation, ``out`` holds unspecified contents.
+                nothing is written into that rank's ``out``. For a list, whose element
+                counts are checked only as each rank's block shape arrives, the other ranks
+                (the root included) may have filled their ``out`` before the closing
+                barrier raises. After any other failure or cancellation, ``out`` holds
+                unspecified contents.
 
         Algorithm: a dissemination round in which the root's header (dtype, form, block
         shape) reaches every rank, with every rank's ``out=`` dtype and size (so that a
@@ -197,7 +207,8 @@ class GatherMethods(CommunicatorCore):
         round, and the root returns once all have; with a shared segment every rank returns
         once all have (so a rank that fails in the read makes every rank raise in the call),
         without one a rank that has read its block returns at once. A list on the root
-        always goes by the tree, even when ``"cma"`` is forced.
+        never goes by cross-memory attach or the pipe, even when ``"cma"`` is forced: it
+        travels in the root's slot where it fits (below), otherwise by the tree.
         With a shared segment but without cross-memory attach, such an array streams through
         the segment's pipe after the header round instead (the root copies each block in,
         chunk by chunk, its rank copies it out), and every rank returns once all have.
@@ -206,8 +217,10 @@ class GatherMethods(CommunicatorCore):
         all), and an array whose blocks for the other ranks fit the root's slot beside the
         header (about ``SHM_MAX_BYTES`` for all but the root's own block, which the root
         copies directly) travels in the same publication: each rank copies its block out of
-        the root's slot, and nothing else is exchanged. That path is chosen by
-        size and cannot be forced: only the root knows the size before the header round.
+        the root's slot, and nothing else is exchanged. So does a list whose block shapes
+        and blocks for the other ranks fit there, followed by the closing barrier when any
+        rank passed ``out=``. That path is chosen by size and cannot be forced: only the
+        root knows the size before the header round.
 
         Raises:
             InvalidArgumentError: on the root, bad ``blocks`` (not ``world_size`` rows or
