@@ -21,7 +21,9 @@ tokens), delivered in random short reads followed by end of file. Every example 
 (``--hang-s``): an example still running then is a hang. Afterwards a sample of examples runs
 under ``tracemalloc`` to bound the largest allocation one example makes, and the run reports
 the growth of peak RSS. Any unexpected exception, hang, bad success or oversized allocation
-is printed with a reproducer (hex) and makes the exit status 1.
+is printed with a reproducer (hex) and makes the exit status 1, as does a peak RSS that grew
+by more than ``--max-rss-growth-kib`` on top of the most one example may allocate (a leak
+grows with the examples; one large example within its bound raises the peak once).
 
 Run: ``.venv/bin/python bench/fuzz.py`` (default 100,000 examples per target, a few minutes on
 two cores); ``--examples``, ``--seed``, ``--targets``, ``--json PATH``.
@@ -455,6 +457,8 @@ async def fuzz_target(name: str, args: argparse.Namespace) -> dict[str, Any]:
     findings = Findings()
     warmup = min(2000, args.examples)
     rss_after_warmup = max_rss_kib()
+    # The most one example may allocate, as its reader's bound allows (see ALLOCATION_SLACK).
+    allowed = 0
     slowest = 0.0
     started = time.perf_counter()
     for index in range(args.examples):
@@ -464,8 +468,9 @@ async def fuzz_target(name: str, args: argparse.Namespace) -> dict[str, Any]:
         example_rng = random.Random(example_seed)
         data = generate(example_rng, seeds)
         t0 = time.perf_counter()
-        outcome, _, _ = await one(run, example_rng, data, example_seed, args.hang_s, findings)
+        outcome, limit, _ = await one(run, example_rng, data, example_seed, args.hang_s, findings)
         outcomes[outcome] += 1
+        allowed = max(allowed, limit)
         slowest = max(slowest, time.perf_counter() - t0)
     elapsed = time.perf_counter() - started
     rss_end = max_rss_kib()
@@ -502,6 +507,11 @@ async def fuzz_target(name: str, args: argparse.Namespace) -> dict[str, Any]:
         "max_rss_kib_after_warmup": rss_after_warmup,
         "max_rss_kib_end": rss_end,
         "rss_growth_kib": rss_end - rss_after_warmup,
+        # A leak grows with the examples; one example within its bound raises the peak
+        # once, by up to what it may allocate (a rendezvous header that announces a 16 MiB
+        # table makes the reader allocate it before the connection ends), and the
+        # allocator keeps such pages: so that much comes on top of --max-rss-growth-kib.
+        "rss_allowance_kib": args.max_rss_growth_kib + allowed // 1024,
         "failures": findings.total,
         "findings": findings.groups,
     }
@@ -528,7 +538,8 @@ async def main_async(args: argparse.Namespace) -> list[dict[str, Any]]:
             f"{name:>10}: {result['examples']:,} examples in {result['seconds']} s "
             f"({result['examples_per_s']:,}/s), slowest {result['slowest_example_ms']} ms, "
             f"peak RSS {result['max_rss_kib_end'] / 1024:.1f} MiB "
-            f"(+{result['rss_growth_kib'] / 1024:.2f} MiB after warm-up), largest allocation "
+            f"(+{result['rss_growth_kib'] / 1024:.2f} MiB after warm-up, at most "
+            f"{result['rss_allowance_kib'] / 1024:.0f}), largest allocation "
             f"{result['largest_allocation_bytes']:,} B over {result['alloc_examples']:,} "
             f"traced examples, failures {result['failures']}",
             flush=True,
@@ -555,9 +566,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as file:
             json.dump(results, file, indent=1)
-    too_much_rss = [r["target"] for r in results if r["rss_growth_kib"] > args.max_rss_growth_kib]
-    for target in too_much_rss:
-        print(f"FAIL {target}: peak RSS grew by more than {args.max_rss_growth_kib} KiB")
+    too_much_rss = [r for r in results if r["rss_growth_kib"] > r["rss_allowance_kib"]]
+    for result in too_much_rss:
+        print(
+            f"FAIL {result['target']}: peak RSS grew by more than {result['rss_allowance_kib']} "
+            f"KiB ({args.max_rss_growth_kib} KiB and the largest allocation one example may make)"
+        )
     return 1 if too_much_rss or any(r["failures"] for r in results) else 0
 
 
