@@ -17,6 +17,14 @@ median of each block of 40 calls in order, where a placement that lasts shows as
 With more ranks than CPUs the kernel decides which ranks share a CPU, and that can hold for
 a while: at world 4 on 2 cores a whole ``trioring bench`` cell of 48 calls can fall into one
 placement, so a cell's median moves between launches with it.
+
+``--mpi`` times Open MPI's call instead, through mpi4py as bench/compare.py's MPI side does
+(bench/_mpi_worker.py's cells), under mpirun, with bench/compare.py's settings (shared memory;
+mpirun's own channel on loopback, see bench/_mpirun.py; as root add ``--allow-run-as-root``)::
+
+    mpirun -n 4 --oversubscribe --bind-to none --mca pml ob1 --mca btl self,vader \
+        --mca oob_tcp_if_include lo \
+        .venv/bin/python bench/placement.py --mpi [--collective scatter] [--size 4M]
 """
 
 from __future__ import annotations
@@ -77,21 +85,52 @@ async def main(collective: str, size: int, calls: int) -> None:
         await comm.allreduce(errors)
         if errors[0]:
             raise SystemExit(f"{errors[0]} wrong results")
-        if comm.rank:
-            return
-        skip = calls // 12
-        by = collections.defaultdict(list)
-        for i in range(skip, calls):
-            by[placement(every[:, i])].append(times[i] * 1e6)
-        print(
-            f"{collective} {size} B, world {comm.world_size}, {calls - skip} calls, "
-            f"slowest rank's time (us) by placement:"
-        )
-        for where, spent in sorted(by.items(), key=lambda item: -len(item[1])):
-            low, mid, high = np.percentile(spent, [10, 50, 90])
-            print(f"  {where:>18}: {len(spent):4d} calls, median {mid:7.0f} ({low:.0f}-{high:.0f})")
-        blocks = [f"{np.median(times[k : k + BLOCK]) * 1e6:.0f}" for k in range(0, calls, BLOCK)]
-        print(f"  blocks of {BLOCK} calls, in order: " + " ".join(blocks))
+        if comm.rank == 0:
+            report(f"{collective} {size} B, world {comm.world_size}", times, every)
+
+
+def main_mpi(collective: str, size: int, calls: int) -> None:
+    """:func:`main` for Open MPI's call (see the module's docstring)."""
+    from _mpi_worker import prepare
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD
+    _, reset, call, check = prepare(comm, collective, max(1, size // 4))
+    times, cpus = np.zeros(calls), np.zeros(calls, np.int64)
+    wrong = 0
+    for i in range(calls):
+        reset()
+        start = time.perf_counter()
+        call()
+        times[i] = time.perf_counter() - start
+        cpus[i] = current_cpu()
+        wrong += not check()
+        comm.Barrier()
+    every = np.zeros((comm.Get_size(), calls), np.int64)
+    comm.Allgather(cpus, every)
+    slowest = np.zeros(calls)
+    comm.Allreduce(times, slowest, op=MPI.MAX)
+    errors = comm.allreduce(wrong)
+    if errors:
+        raise SystemExit(f"{errors} wrong results")
+    if comm.Get_rank() == 0:
+        report(f"Open MPI {collective} {size} B, world {comm.Get_size()}", slowest, every)
+
+
+def report(what: str, times: np.ndarray, every: np.ndarray) -> None:
+    """Print the calls' slowest-rank ``times`` grouped by the placement in ``every`` (the
+    CPU of each rank, ``(n, calls)``), then by blocks in order."""
+    calls = times.shape[0]
+    skip = calls // 12
+    by = collections.defaultdict(list)
+    for i in range(skip, calls):
+        by[placement(every[:, i])].append(times[i] * 1e6)
+    print(f"{what}, {calls - skip} calls, slowest rank's time (us) by placement:")
+    for where, spent in sorted(by.items(), key=lambda item: -len(item[1])):
+        low, mid, high = np.percentile(spent, [10, 50, 90])
+        print(f"  {where:>18}: {len(spent):4d} calls, median {mid:7.0f} ({low:.0f}-{high:.0f})")
+    blocks = [f"{np.median(times[k : k + BLOCK]) * 1e6:.0f}" for k in range(0, calls, BLOCK)]
+    print(f"  blocks of {BLOCK} calls, in order: " + " ".join(blocks), flush=True)
 
 
 if __name__ == "__main__":
@@ -99,6 +138,10 @@ if __name__ == "__main__":
     parser.add_argument("--collective", choices=sorted(CASES), default="scatter")
     parser.add_argument("--size", default="4M", help="bytes, as trioring bench's sizes")
     parser.add_argument("--calls", type=int, default=240)
+    parser.add_argument("--mpi", action="store_true", help="Open MPI's call, under mpirun")
     args = parser.parse_args()
     (size,) = parse_sizes(args.size)
-    trio.run(main, args.collective, size, args.calls)
+    if args.mpi:
+        main_mpi(args.collective, size, args.calls)
+    else:
+        trio.run(main, args.collective, size, args.calls)
