@@ -47,7 +47,9 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterator
 
 #: The largest call (paired.py's size: what one rank sends or receives in all) the floor
-#: runs: trioring's segment slot, 256 KiB, above which trioring leaves the segment's slots.
+#: runs through its slots: trioring's SHM_MAX_BYTES, 256 KiB, where the targets' mid sizes
+#: end and most collectives leave the segment's slots (reduce, and where no rank is
+#: crowded gather, reduce_scatter and broadcast, take them up to 512 KiB: not floored).
 MAX_BYTES = 256 * 1024
 _LINE = 64  # one cache line per rank's counter
 _HEAD = 4096  # the counters' page; the slots follow

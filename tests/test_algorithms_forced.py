@@ -34,7 +34,7 @@ from trioring._collectives._decision import (
     SMALL_ALLREDUCE_BYTES,
 )
 from trioring._onehost._cpus import cpu_vendor
-from trioring._onehost._shm import SHM_MAX_BYTES
+from trioring._onehost._shm import SHM_MAX_BYTES, SLOT_PAYLOAD_BYTES
 from trioring.testing import open_local_world
 
 if TYPE_CHECKING:
@@ -282,20 +282,23 @@ def test_allreduce_decision(nbytes: int, shm: bool, cma: bool, expected: str) ->
 
 
 @pytest.mark.parametrize(
-    ("nbytes", "shm", "cma", "expected"),
+    ("nbytes", "shm_bytes", "cma", "expected"),
     [
-        (0, True, True, "shm"),
-        (SHM_MAX_BYTES, True, True, "shm"),
-        (SHM_MAX_BYTES + 1, True, True, "pipe"),
-        (SHM_MAX_BYTES + 1, True, False, "pipe"),
-        (64 * 1024 * 1024, True, True, "pipe"),
-        (SHM_MAX_BYTES + 1, False, True, "tree"),
-        (CMA_MIN_BYTES + 1, False, True, "cma"),
-        (CMA_MIN_BYTES + 1, False, False, "tree"),
+        (0, SHM_MAX_BYTES, True, "shm"),
+        (SHM_MAX_BYTES, SHM_MAX_BYTES, True, "shm"),
+        (SHM_MAX_BYTES + 1, SHM_MAX_BYTES, True, "pipe"),
+        (SHM_MAX_BYTES + 1, SHM_MAX_BYTES, False, "pipe"),
+        (SHM_MAX_BYTES + 1, SLOT_PAYLOAD_BYTES, True, "shm"),
+        (SLOT_PAYLOAD_BYTES, SLOT_PAYLOAD_BYTES, True, "shm"),
+        (SLOT_PAYLOAD_BYTES + 1, SLOT_PAYLOAD_BYTES, True, "pipe"),
+        (64 * 1024 * 1024, SHM_MAX_BYTES, True, "pipe"),
+        (SHM_MAX_BYTES + 1, -1, True, "tree"),
+        (CMA_MIN_BYTES + 1, -1, True, "cma"),
+        (CMA_MIN_BYTES + 1, -1, False, "tree"),
     ],
 )
-def test_broadcast_decision(nbytes: int, shm: bool, cma: bool, expected: str) -> None:
-    assert _decision.broadcast(nbytes, shm, cma) == expected
+def test_broadcast_decision(nbytes: int, shm_bytes: int, cma: bool, expected: str) -> None:
+    assert _decision.broadcast(nbytes, shm_bytes, cma) == expected
 
 
 MiB = 1 << 20

@@ -1,6 +1,7 @@
 """The one-host paths of the collectives that only copy: the shared segment's slots
-(allgather, gather, alltoall; scatter, scatterv, allgatherv, gatherv and alltoallv on each
-side of where the decision table stops taking them), its pipe (those, allgatherv and scatter, and the reductions: reduce_scatter(v) and
+(allgather, gather, alltoall, and reduce_scatter and reduce, up to the most each takes;
+scatter, scatterv, allgatherv, gatherv and alltoallv on each side of where the decision
+table stops taking them), its pipe (those, allgatherv and scatter, and the reductions: reduce_scatter(v) and
 reduce) and cross-memory attach (the same; with its control through the segment, and by
 frames where there is no segment), each forced at worlds 2-5 in
 real processes over Unix sockets, on seeded inputs of several dtypes at sizes from empty to
@@ -21,6 +22,8 @@ from launched import run_reports
 WORKER = Path(__file__).parent / "workers" / "onehost_worker.py"
 CASES = [
     *((c, "shm") for c in ("allgather", "gather", "alltoall")),
+    # The reductions that take the whole slot, up to it (allreduce's share stops earlier).
+    *((c, "shm") for c in ("reduce_scatter", "reduce")),
     *((c, "cma") for c in ("allgather", "allgatherv", "gather", "scatter", "alltoall")),
     # Cross-memory attach without a shared segment: its control goes by frames.
     *((c, "cma-frames") for c in ("allgather", "gather", "scatter", "alltoall")),
@@ -74,4 +77,4 @@ def test_forced_onehost_path(tmp_path: Path, collective: str, algorithm: str, n:
             refused = report["refused"]
             assert refused is not None
             assert refused["seq_unchanged"]
-            assert f"the forced {collective} algorithm 'shm' takes at most" in refused["message"]
+            assert f"the forced {collective} algorithm 'shm' takes " in refused["message"]

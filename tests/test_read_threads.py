@@ -24,12 +24,12 @@ MIN = _cma_collectives.READ_THREADS_MIN_BYTES
 
 
 def test_the_table_reads_in_threads_only_where_told() -> None:
-    assert _decision.broadcast(MIN, True, True, threads=True) == "cma"
-    assert _decision.broadcast(MIN, True, True, threads=False) == "pipe"
-    assert _decision.broadcast(MIN, True, False, threads=True) == "pipe"
-    assert _decision.broadcast(SHM_MAX_BYTES, True, True, threads=True) == "shm"
-    assert _decision.broadcast(MIN, False, True, threads=True) == "cma"
-    assert _decision.broadcast(MIN, False, False, threads=True) == "tree"
+    assert _decision.broadcast(MIN, SHM_MAX_BYTES, True, threads=True) == "cma"
+    assert _decision.broadcast(MIN, SHM_MAX_BYTES, True, threads=False) == "pipe"
+    assert _decision.broadcast(MIN, SHM_MAX_BYTES, False, threads=True) == "pipe"
+    assert _decision.broadcast(SHM_MAX_BYTES, SHM_MAX_BYTES, True, threads=True) == "shm"
+    assert _decision.broadcast(MIN, -1, True, threads=True) == "cma"
+    assert _decision.broadcast(MIN, -1, False, threads=True) == "tree"
 
 
 def test_capability_row(monkeypatch: pytest.MonkeyPatch) -> None:

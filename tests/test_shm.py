@@ -11,6 +11,7 @@ import errno
 import os
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pytest
 
 import trioring
@@ -229,3 +230,64 @@ def test_a_segment_must_be_a_memfd(tmp_path: Path) -> None:
     assert slots.seqs[slots.own_word] == 0
     slots.close()
     assert slots.wakers == []  # closed with the slots
+
+
+@pytest.mark.parametrize("world_size", [2, 3, 4, 8])
+def test_the_collectives_that_gained_take_the_whole_slot(
+    monkeypatch: pytest.MonkeyPatch, world_size: int
+) -> None:
+    """The decision table sends reduces, and where no rank is crowded gathers, reduce_scatters
+    and (where the slots take them in pieces) broadcasts through the slots up to the whole
+    slot (SLOT_PAYLOAD_BYTES, and for the reductions their share of the scratch); allreduce
+    and the other copying collectives stop at SHM_MAX_BYTES. A forced "shm" takes what the
+    slot holds whatever the table's choice."""
+    from trioring._algorithms import World
+    from trioring._collectives import _allreduce, _broadcast, _decision, _gather, _reduce
+    from trioring._onehost import _shm_collectives, _shm_reductions
+
+    fd = _shm.create_segment(world_size)
+    try:
+        slots = _shm.SharedSlots(fd, 0, world_size, {}, wakers=[], oversubscribed=False)
+    finally:
+        os.close(fd)
+    scratch = np.zeros(1 << 20, np.uint8)  # the default chunk_bytes
+    world = World(
+        rank=0, size=world_size, links={}, chunk_bytes=scratch.nbytes, scratch=scratch, shm=slots
+    )
+    _allreduce.shm_bytes(world)  # as a communicator does when it is made
+    share = scratch.nbytes // _shm_reductions.reduce_temporaries(world_size)
+    wide = min(_shm.SLOT_PAYLOAD_BYTES, share)
+    assert world.slot_reduce_bytes == min(_shm.SHM_MAX_BYTES, share) < _shm.SLOT_PAYLOAD_BYTES
+    assert world.slot_wide_reduce_bytes == wide
+    # 2 log2 p arrays of scratch: the whole slot at worlds 2-3, 256 KiB at 4-7, less above.
+    assert wide == {2: 512 << 10, 3: 512 << 10, 4: 256 << 10, 8: (1 << 20) // 6}[world_size]
+    intel_pieces = 3 * _shm.BROADCAST_PIECE_MIN_BYTES
+    for crowded in (False, True):
+        slots.crowded = crowded
+        assert _reduce.shm_limit(world) == wide
+        narrow = world.slot_reduce_bytes if crowded else wide
+        assert _reduce.shm_limit(world, scatter=True) == narrow
+        blocks = _shm.SHM_MAX_BYTES if crowded else _shm.SLOT_PAYLOAD_BYTES
+        assert _gather.shm_limit(world) == blocks
+        assert _reduce.unrunnable("reduce_scatter", "shm", world, wide) is None
+        assert "at most" in str(_reduce.unrunnable("reduce", "shm", world, wide + 1))
+        for pieces in (intel_pieces, _shm.slot_pieces_from_bytes("AuthenticAMD")):
+            monkeypatch.setattr(_shm_collectives, "_PIECES_FROM_BYTES", pieces)
+            most = _shm.SHM_MAX_BYTES
+            if pieces == intel_pieces and not crowded:
+                most = _shm.SLOT_PAYLOAD_BYTES
+            assert _broadcast.shm_limit(world) == most
+            assert _broadcast.decide(world, most) == "shm"
+            assert _broadcast.decide(world, most + 1) == "pipe"
+            assert _broadcast.unrunnable("shm", world, _shm.SLOT_PAYLOAD_BYTES) is None
+            assert "at most" in str(
+                _broadcast.unrunnable("shm", world, _shm.SLOT_PAYLOAD_BYTES + 1)
+            )
+    assert _decision.shm_copy_bytes("gather") == _shm.SLOT_PAYLOAD_BYTES
+    for collective in ("allgather", "alltoall", "scatter", "scan", "exscan"):
+        assert _decision.shm_copy_bytes(collective) == _shm.SHM_MAX_BYTES
+    assert _decision.copy_unrunnable("gather", "shm", world, _shm.SLOT_PAYLOAD_BYTES) is None
+    world.shm = None
+    assert _broadcast.shm_limit(world) == _reduce.shm_limit(world) == -1
+    assert _gather.shm_limit(world) == -1
+    slots.close()

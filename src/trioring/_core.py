@@ -156,8 +156,9 @@ class CommunicatorCore:
             scratch=_aligned_scratch(chunk_bytes if world_size > 1 else 0),
         )
         # The decision table's limits that depend on this world, worked out once: the
-        # segment's reductions' (kept on the world as slot_reduce_bytes, where the reduce
-        # family's planners find it too) and recursive doubling's.
+        # segment's reductions' (kept on the world as slot_reduce_bytes and
+        # slot_wide_reduce_bytes, where the reduce family's planners find them too) and
+        # recursive doubling's.
         _allreduce.shm_bytes(self._world)
         self._small_allreduce_bytes = min(
             _decision.SMALL_ALLREDUCE_BYTES, self._world.scratch.nbytes

@@ -191,8 +191,9 @@ def _features() -> list[Capability]:
                 _shm_unavailable(),
                 "barriers and collectives between ranks on one host (unix) go through a "
                 f"shared segment instead of sockets: up to {_shm.SHM_MAX_BYTES} bytes "
-                "through its slots, larger ones streamed through its pipe; off with "
-                "TRIORING_SHM=0",
+                f"per rank through its slots ({_shm.SLOT_PAYLOAD_BYTES} for reduce, and "
+                "without oversubscription for gather, reduce_scatter and, on Intel CPUs, "
+                "broadcast), larger ones streamed through its pipe; off with TRIORING_SHM=0",
             ),
             (
                 "spin",

@@ -27,7 +27,7 @@ import trio
 import trioring
 from trioring._collectives import _decision
 from trioring._onehost import _cma_collectives, _pipe, _shm_collectives, _shm_reductions
-from trioring._onehost._shm import PIPE_CHUNK_BYTES, PIPE_CHUNKS, SHM_MAX_BYTES
+from trioring._onehost._shm import PIPE_CHUNK_BYTES, PIPE_CHUNKS, SLOT_PAYLOAD_BYTES
 
 CALLS: dict[str, int] = {}
 
@@ -136,13 +136,14 @@ async def main(mode: str, out_dir: Path) -> int:
                     if feature in ("shm", "cma") and feature not in features:
                         continue
                     comm._force_algorithm("broadcast", name)
-                    # Through the slots, four pieces the last of one element; through the
-                    # pipe, five chunks of 128 KiB (and 256 KiB for 300_001).
-                    broadcast_sizes = (*sizes, 49_153, 150_001)
+                    # Through the slots, four pieces the last of one element, and the
+                    # whole slot; through the pipe, five chunks of 128 KiB (and 256 KiB
+                    # for 300_001 and the whole slot).
+                    broadcast_sizes = (*sizes, 49_153, 150_001, SLOT_PAYLOAD_BYTES // 4)
                     if name != "shm":
                         broadcast_sizes = (*broadcast_sizes, RING_WRAPPING)
                     for i, count in enumerate(broadcast_sizes):
-                        if name == "shm" and count * 4 > SHM_MAX_BYTES:
+                        if name == "shm" and count * 4 > SLOT_PAYLOAD_BYTES:
                             continue
                         await check_broadcast(comm, errors, i, count, i % n)
                     if feature == "shm":
@@ -152,8 +153,8 @@ async def main(mode: str, out_dir: Path) -> int:
                         slots = comm._world.shm
                         assert slots is not None
                         slots.crowded = not slots.crowded
-                        for i, count in enumerate(broadcast_sizes[-4:]):
-                            if name == "shm" and count * 4 > SHM_MAX_BYTES:
+                        for i, count in enumerate(broadcast_sizes[-5:]):
+                            if name == "shm" and count * 4 > SLOT_PAYLOAD_BYTES:
                                 continue
                             await check_broadcast(comm, errors, i, count, (i + 1) % n)
                         slots.crowded = not slots.crowded

@@ -22,6 +22,7 @@ import numpy as np
 import trio
 
 import trioring
+from trioring._collectives import _decision
 from trioring._collectives._scatter import SHM_SCATTER_BYTES
 from trioring._onehost._shm import PIPE_CHUNK_BYTES, PIPE_CHUNKS, SHM_MAX_BYTES
 
@@ -32,10 +33,19 @@ def make(seed: int, rank: int, count: int, dtype: str) -> np.ndarray[Any, Any]:
     return np.random.default_rng([seed, rank]).integers(-9, 9, count).astype(dtype)
 
 
-def counts(algorithm: str, collective: str, n: int, itemsize: int) -> list[int]:
-    """Block sizes: for the shared segment up to what a rank may write to its slot; for a
-    scatter left to the decision table, each side of where the root's slot (which holds
-    the other ranks' blocks, not its own) stops carrying it."""
+def slot_limit(comm: trioring.Communicator, collective: str) -> int:
+    """The most bytes a forced ``shm`` call of ``collective`` takes here (a reduction's
+    whole input): the whole slot for gather, the reductions' share of the slot and the
+    scratch for reduce and reduce_scatter, SHM_MAX_BYTES for the others."""
+    if collective in ("reduce", "reduce_scatter"):
+        return comm._world.slot_wide_reduce_bytes
+    return _decision.shm_copy_bytes(collective)
+
+
+def counts(algorithm: str, collective: str, n: int, itemsize: int, limit: int) -> list[int]:
+    """Block sizes: for the shared segment up to what a rank may write to its slot
+    (``limit`` bytes); for a scatter left to the decision table, each side of where the
+    root's slot (which holds the other ranks' blocks, not its own) stops carrying it."""
     if algorithm == "cma":
         return [0, 1, 5, 1000, 300_001]
     if algorithm == "pipe":
@@ -58,8 +68,9 @@ def counts(algorithm: str, collective: str, n: int, itemsize: int) -> list[int]:
         if collective == "alltoallv":
             most //= n - 1
         return [0, 1, 5, most - 2, most - 1, most, most + 1]
-    whole = n - 1 if collective == "alltoall" else 1  # blocks a rank writes to its slot
-    return [0, 1, 5, SHM_MAX_BYTES // (itemsize * whole)]
+    # Blocks a rank writes to its slot; a reduce_scatter's whole input (n blocks) counts.
+    whole = {"alltoall": n - 1, "reduce_scatter": n}.get(collective, 1)
+    return [0, 1, 5, limit // (itemsize * whole)]
 
 
 async def one(
@@ -193,7 +204,9 @@ async def main(collective: str, algorithm: str, out_dir: Path) -> None:
             comm._force_algorithm(collective, algorithm)
         seed = 0
         for dtype in DTYPES:
-            for count in counts(algorithm, collective, comm.world_size, np.dtype(dtype).itemsize):
+            itemsize = np.dtype(dtype).itemsize
+            limit = slot_limit(comm, collective)
+            for count in counts(algorithm, collective, comm.world_size, itemsize, limit):
                 seed += 1
                 if not await one(comm, collective, seed, count, dtype):
                     errors.append(f"rank {comm.rank}: {collective} {dtype}[{count}] #{seed}")
@@ -201,7 +214,8 @@ async def main(collective: str, algorithm: str, out_dir: Path) -> None:
         if algorithm == "shm" and collective != "allgatherv":
             before = comm.seq
             try:
-                await one(comm, collective, 999, SHM_MAX_BYTES + 1, "uint8")
+                # One byte (or, for a reduce_scatter, one block of one) too many.
+                await one(comm, collective, 999, slot_limit(comm, collective) + 1, "uint8")
             except trioring.InvalidArgumentError as exc:
                 refused = {"message": str(exc), "seq_unchanged": comm.seq == before}
         await comm.barrier()

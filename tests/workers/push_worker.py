@@ -92,9 +92,14 @@ _cma.write_into = _counted_write_into
 _cma.read_into = _counted_read_into
 
 DTYPES = ("float32", "int64", "uint8", "complex64")
-#: Bytes (before rounding to the dtype) of the stress broadcasts: just above the threshold,
-#: a few steps of the root's writes, and odd sizes between.
-SIZES = (_push.PUSH_MIN_BYTES + 1, 3 * _push.PUSH_STEP_BYTES + 12_345, 1_500_007)
+#: Bytes (before rounding to the dtype) of the stress broadcasts: just above the most the
+#: slots take (PUSH_MIN_BYTES, or where they take pieces the whole slot), a few steps of
+#: the root's writes, and odd sizes between.
+SIZES = (
+    max(_push.PUSH_MIN_BYTES, _shm.SLOT_PAYLOAD_BYTES) + 1,
+    3 * _push.PUSH_STEP_BYTES + 12_345,
+    1_500_007,
+)
 SENTINEL = 77
 #: Bound on the waits for a peer's marker file or segment word.
 HOLD_S = 5.0

@@ -41,7 +41,9 @@ def make(seed: int, rank: int, count: int, dtype: str) -> np.ndarray[Any, Any]:
 def runnable(comm: trioring.Communicator, algorithm: str, nbytes: int) -> bool:
     """Whether the forced ``algorithm`` takes an input of ``nbytes`` here."""
     if algorithm == "shm":
-        return "shm" in comm.features and nbytes <= _reduce.shm_limit(comm._world)
+        # Forced, the slots take up to their reductions' share (the table stops sooner
+        # where some rank is crowded: _reduce.shm_limit).
+        return "shm" in comm.features and nbytes <= comm._world.slot_wide_reduce_bytes
     if algorithm == "cma":
         return "cma" in comm.features
     if algorithm == "pipe":
@@ -61,6 +63,9 @@ async def check(comm: trioring.Communicator, errors: list[str]) -> None:
             (70_001, "int64", "sum"),
             # Fills the shared segment's slot at world 4 (256 KiB).
             (16_384, "float32", "sum"),
+            # Fills the reductions' share of the slot (512 KiB at worlds 2-3) to within
+            # the reduce's odd element.
+            (comm._world.slot_wide_reduce_bytes // (4 * n) - 1, "float32", "sum"),
         ]
     ):
         for algorithm in _decision.ALGORITHMS["reduce_scatter"]:

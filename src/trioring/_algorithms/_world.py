@@ -48,6 +48,9 @@ class World:
     #: -1 until then. Worked out on every call, it cost a 4-byte reduce_scatter at world 2
     #: about 1 us.
     slot_reduce_bytes: int = attrs.field(default=-1, init=False)
+    #: The same for a reduce, and a reduce_scatter where no rank is crowded: up to the whole
+    #: slot, where allreduce's stops at SHM_MAX_BYTES (see _onehost._shm.SLOT_PAYLOAD_BYTES).
+    slot_wide_reduce_bytes: int = attrs.field(default=-1, init=False)
     _scratch_view: tuple[np.dtype, int, np.ndarray, memoryview] | None = None
     #: One element of any dtype, for one-element reductions (see recursive doubling).
     _spare: np.ndarray[tuple[int], np.dtype[np.uint8]] = attrs.field(

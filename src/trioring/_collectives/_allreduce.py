@@ -96,14 +96,14 @@ def check(array: object, op: object) -> tuple[np.ndarray[Any, Any], ReduceOp]:
 
 
 def shm_bytes(world: World) -> int:
-    """The largest array the shared-memory allreduce takes: its slot, and the scratch that
-    its reduction needs (see _onehost._shm_reductions.reduce_temporaries)."""
+    """The largest array the shared-memory allreduce takes: SHM_MAX_BYTES, and the scratch
+    that its reduction needs (see _onehost._shm_reductions.reduce_temporaries). Worked out
+    once, with :attr:`World.slot_wide_reduce_bytes`, the reduce's, up to the whole slot."""
     limit = world.slot_reduce_bytes
     if limit < 0:
-        temporaries = _shm_reductions.reduce_temporaries(world.size)
-        limit = world.slot_reduce_bytes = min(
-            _shm.SHM_MAX_BYTES, world.scratch.nbytes // temporaries
-        )
+        share = world.scratch.nbytes // _shm_reductions.reduce_temporaries(world.size)
+        limit = world.slot_reduce_bytes = min(_shm.SHM_MAX_BYTES, share)
+        world.slot_wide_reduce_bytes = min(_shm.SLOT_PAYLOAD_BYTES, share)
     return limit
 
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from .._algorithms import World
     from .._wire import OpSpec
 
-__all__ = ["body", "decide", "unrunnable"]
+__all__ = ["body", "decide", "shm_limit", "unrunnable"]
 
 
 def decide(world: World, nbytes: int) -> str:
@@ -28,8 +28,21 @@ def decide(world: World, nbytes: int) -> str:
         and _cma_collectives.read_threads(world, nbytes, world.size - 1) > 1
     )
     return _decision.broadcast(
-        nbytes, world.shm is not None, world.peer_pids is not None, threads=threads
+        nbytes, shm_limit(world), world.peer_pids is not None, threads=threads
     )
+
+
+def shm_limit(world: World) -> int:
+    """The largest broadcast the decision table sends through the segment's slots here (-1:
+    no segment): the whole slot where the slots take it in pieces (no rank crowded, a CPU
+    that takes pieces: see _onehost._shm_collectives.slot_pieces), else SHM_MAX_BYTES.
+    Whole, above SHM_MAX_BYTES the pipe was faster (_onehost._shm.SLOT_PAYLOAD_BYTES)."""
+    slots = world.shm
+    if slots is None:
+        return -1
+    if slots.crowded or not _shm_collectives.slot_pieces():
+        return _shm.SHM_MAX_BYTES
+    return _shm.SLOT_PAYLOAD_BYTES
 
 
 def unrunnable(name: str, world: World, nbytes: int) -> str | None:
@@ -37,10 +50,10 @@ def unrunnable(name: str, world: World, nbytes: int) -> str | None:
     if name == "shm":
         if world.shm is None:
             return "the forced broadcast algorithm 'shm' needs the \"shm\" feature"
-        if nbytes > _shm.SHM_MAX_BYTES:
+        if nbytes > _shm.SLOT_PAYLOAD_BYTES:
             return (
                 "the forced broadcast algorithm 'shm' takes arrays of at most "
-                f"{_shm.SHM_MAX_BYTES} bytes, not {nbytes}"
+                f"{_shm.SLOT_PAYLOAD_BYTES} bytes, not {nbytes}"
             )
     elif name == "pipe" and world.shm is None:
         return "the forced broadcast algorithm 'pipe' needs the \"shm\" feature"

@@ -12,7 +12,9 @@ allreduce   "shm", and nbytes <= PIPE_MAX_REDUCE_BYTES or no "cma"  ``pipe``
 allreduce   "cma", and "shm" or nbytes > CMA_MIN_BYTES              ``cma``
 allreduce   nbytes <= min(SMALL_ALLREDUCE_BYTES, chunk_bytes)       ``recursive_doubling``
 allreduce   otherwise                                               ``ring``
-broadcast   "shm" and nbytes <= SHM_MAX_BYTES                       ``shm``
+broadcast   "shm" and nbytes <= SHM_MAX_BYTES, or <=                ``shm``
+            SLOT_PAYLOAD_BYTES where the slots take it in pieces
+            (no rank crowded, an Intel CPU)
 broadcast   "shm" and "cma", the readers in threads (nbytes >=      ``cma``
             READ_THREADS_MIN_BYTES and two CPUs for each reader),
             or the root writing a share into theirs ("push":
@@ -42,7 +44,8 @@ alltoall    block nbytes <= SMALL_ALLTOALL_BLOCK_BYTES and n >= 4   ``bruck``
 alltoall    otherwise                                               ``pairwise``
 alltoallv   "shm" and every rank's blocks came with its counts      ``shm`` (not forceable)
 alltoallv   otherwise                                               ``pairwise``
-gather      "shm" and each rank's block <= SHM_MAX_BYTES            ``shm``
+gather      "shm" and each rank's block <= SHM_MAX_BYTES, or <=     ``shm``
+            SLOT_PAYLOAD_BYTES where no rank is crowded
 gather      "shm", and n <= 3 or total <= CMA_MIN_COPY_BYTES or no  ``pipe``
             "cma"
 gather      "cma" and total nbytes > CMA_MIN_COPY_BYTES             ``cma``
@@ -64,7 +67,8 @@ scatterv    otherwise                                               ``tree``
 ===============  ===================================================  =========================
 collective       condition (see REDUCE_FAMILY below)                  algorithm
 ===============  ===================================================  =========================
-reduce_scatter   "shm" and nbytes <= allreduce's share of the segment  ``shm``
+reduce_scatter   "shm" and nbytes <= the segment's share for           ``shm``
+                 reductions (allreduce's where some rank is crowded)
 reduce_scatter   "shm", and nbytes <= PIPE_MAX_REDUCE_BYTES or no      ``pipe``
                  "cma" (larger inputs, through the segment's pipe)
 reduce_scatter   "cma", and "shm" or nbytes >                         ``cma``
@@ -72,7 +76,8 @@ reduce_scatter   "cma", and "shm" or nbytes >                         ``cma``
 reduce_scatter   nbytes <= min(SMALL_REDUCE_SCATTER_BYTES, chunk)     ``recursive_halving``
 reduce_scatter   otherwise                                            ``ring``
 reduce_scatterv  as reduce_scatter (total nbytes)                     as reduce_scatter
-reduce           "shm" and nbytes <= allreduce's share of the segment  ``shm``
+reduce           "shm" and nbytes <= the segment's share for           ``shm``
+                 reductions (up to SLOT_PAYLOAD_BYTES)
 reduce           "shm", "cma" and "push" (larger arrays; the others    ``cma``
                  write their finished segments into the root's)
 reduce           "shm", and nbytes <= PIPE_MAX_REDUCE_BYTES or no      ``pipe``
@@ -112,7 +117,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from .._errors import ConfigurationError
-from .._onehost._shm import SHM_MAX_BYTES
+from .._onehost._shm import SHM_MAX_BYTES, SLOT_PAYLOAD_BYTES
 from ._limits import (
     CMA_MIN_BYTES,
     CMA_MIN_COPY_BYTES,
@@ -200,12 +205,13 @@ def allreduce(nbytes: int, shm_bytes: int, cma: bool, small_bytes: int, push: bo
     return "ring"
 
 
-def broadcast(nbytes: int, shm: bool, cma: bool, *, threads: bool = False) -> str:
-    """The broadcast row for an array of ``nbytes``; ``threads``: its readers would read it
-    in threads (see _onehost._cma_collectives.read_threads), or its root would write a
-    share of it into theirs as they read (_onehost._push.push_bytes)."""
-    if shm:
-        if nbytes <= SHM_MAX_BYTES:
+def broadcast(nbytes: int, shm_bytes: int, cma: bool, *, threads: bool = False) -> str:
+    """The broadcast row for an array of ``nbytes``; ``shm_bytes``: the largest the shared
+    segment's slots take here (-1: no segment; see _broadcast.shm_limit); ``threads``: its
+    readers would read it in threads (see _onehost._cma_collectives.read_threads), or its
+    root would write a share of it into theirs as they read (_onehost._push.push_bytes)."""
+    if shm_bytes >= 0:
+        if nbytes <= shm_bytes:
             return "shm"
         return "cma" if cma and threads else "pipe"
     if cma and nbytes > CMA_MIN_BYTES:
@@ -423,6 +429,15 @@ def scatter(
     return "cma" if cma and total_nbytes > threshold else "tree"
 
 
+def shm_copy_bytes(collective: str) -> int:
+    """What one rank of ``collective`` (allgather, gather, scatter, alltoall, scan) may write
+    into its slot of the shared segment when its algorithm is forced: the whole slot for a
+    gather (the table's limit may be lower: _gather.shm_limit), SHM_MAX_BYTES for the
+    others, which measured no faster through the slots above it (see
+    _onehost._shm.SLOT_PAYLOAD_BYTES)."""
+    return SLOT_PAYLOAD_BYTES if collective == "gather" else SHM_MAX_BYTES
+
+
 def copy_unrunnable(collective: str, name: str, world: World, nbytes: int) -> str | None:
     """Why the forced one-host algorithm ``name`` of a collective that copies through the
     shared segment (allgather, gather, scatter, alltoall, scan) cannot move ``nbytes``
@@ -431,9 +446,9 @@ def copy_unrunnable(collective: str, name: str, world: World, nbytes: int) -> st
     if name == "shm":
         if world.shm is None:
             return f"the forced {collective} algorithm 'shm' needs the \"shm\" feature"
-        if nbytes > SHM_MAX_BYTES:
+        if nbytes > (most := shm_copy_bytes(collective)):
             return (
-                f"the forced {collective} algorithm 'shm' takes at most {SHM_MAX_BYTES} bytes "
+                f"the forced {collective} algorithm 'shm' takes at most {most} bytes "
                 f"per rank, not {nbytes}"
             )
     elif name == "pipe" and world.shm is None:

@@ -35,7 +35,7 @@ import numpy as np
 from .. import _algorithms
 from .._onehost import _copies, _pipe
 from .._onehost._cma import data_address
-from .._onehost._shm import SHM_MAX_BYTES
+from .._onehost._shm import SHM_MAX_BYTES, SLOT_PAYLOAD_BYTES
 from .._onehost._shm_collectives import shm_done
 from .._wire import DTYPE_CODES
 from . import _decision
@@ -47,7 +47,17 @@ if TYPE_CHECKING:
     from .._wire import OpSpec
     from ._checks import Identity, Plan
 
-__all__ = ["plan_gather", "plan_gatherv", "same_memory"]
+__all__ = ["plan_gather", "plan_gatherv", "same_memory", "shm_limit"]
+
+
+def shm_limit(world: World) -> int:
+    """The largest block per rank the decision table gathers through the segment's slots
+    here (-1: no segment): the whole slot where no rank is crowded, else SHM_MAX_BYTES,
+    where the larger blocks measured no faster (_onehost._shm.SLOT_PAYLOAD_BYTES)."""
+    slots = world.shm
+    if slots is None:
+        return -1
+    return SHM_MAX_BYTES if slots.crowded else SLOT_PAYLOAD_BYTES
 
 
 def plan_gather(
@@ -78,7 +88,7 @@ def plan_gather(
                 )
             result = out  # type: ignore[assignment]  # checked to be an ndarray
     if forced is None:
-        shm = world.shm is not None and flat.nbytes <= SHM_MAX_BYTES
+        shm = flat.nbytes <= shm_limit(world)
         name = _decision.gather(
             n * flat.nbytes,
             (shm, world.peer_pids is not None),

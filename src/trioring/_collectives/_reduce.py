@@ -23,7 +23,7 @@ from .. import _algorithms
 from .._onehost import _cma_collectives, _pipe, _push, _shm_reductions
 from .._wire import DTYPE_CODES, NO_ROOT
 from . import _decision
-from ._allreduce import OP_CODES, UFUNCS, ReduceOp, check, shm_bytes
+from ._allreduce import OP_CODES, UFUNCS, ReduceOp, check
 from ._checks import Refused, agree, check_out, check_root
 
 if TYPE_CHECKING:
@@ -127,10 +127,16 @@ def small_bytes(world: World) -> int:
     return min(_decision.SMALL_REDUCE_SCATTER_BYTES, world.scratch.nbytes)
 
 
-def shm_limit(world: World) -> int:
-    """The largest input the shared-memory reduce_scatter and reduce take here (-1: no
-    shared segment): allreduce's, whose slot and reduction they share."""
-    return shm_bytes(world) if world.shm is not None else -1
+def shm_limit(world: World, *, scatter: bool = False) -> int:
+    """The largest input the decision table sends through the segment's slots here for a
+    reduce, or (``scatter``) a reduce_scatter (-1: no shared segment): up to the whole slot
+    and the scratch the reduction needs, but allreduce's share for a reduce_scatter where
+    some rank is crowded (see _onehost._shm.SLOT_PAYLOAD_BYTES)."""
+    slots = world.shm
+    if slots is None:
+        return -1
+    # Both worked out when the communicator was made (see _allreduce.shm_bytes).
+    return world.slot_reduce_bytes if scatter and slots.crowded else world.slot_wide_reduce_bytes
 
 
 def unrunnable(collective: str, name: str, world: World, nbytes: int) -> str | None:
@@ -139,10 +145,10 @@ def unrunnable(collective: str, name: str, world: World, nbytes: int) -> str | N
     if name == "shm":
         if world.shm is None:
             return f"the forced {collective} algorithm 'shm' needs the \"shm\" feature"
-        if nbytes > shm_bytes(world):
+        if nbytes > (most := world.slot_wide_reduce_bytes):
             return (
                 f"the forced {collective} algorithm 'shm' takes arrays of at most "
-                f"{shm_bytes(world)} bytes here, not {nbytes}"
+                f"{most} bytes here, not {nbytes}"
             )
         return None
     if name == "cma":
@@ -269,7 +275,10 @@ def plan_reduce_scatter(
         )
     if forced is None:
         name = _decision.reduce_scatter(
-            flat.nbytes, small_bytes(world), shm_limit(world), world.peer_pids is not None
+            flat.nbytes,
+            small_bytes(world),
+            shm_limit(world, scatter=True),
+            world.peer_pids is not None,
         )
     elif (why := unrunnable(collective, forced, world, flat.nbytes)) is not None:
         raise Refused(why)

@@ -65,7 +65,8 @@ class GatherMethods(CommunicatorCore):
         the root receives ``(n-1)/n`` of the result once. Scratch: a rank with children in
         the tree (other than the root) holds its subtree's blocks. On one host (the
         ``"shm"`` and ``"cma"`` entries of :attr:`features`): blocks of up to
-        ``SHM_MAX_BYTES`` go through the shared segment (every other rank publishes its
+        ``SHM_MAX_BYTES`` (``SLOT_PAYLOAD_BYTES`` where no rank shares its CPUs with more
+        ranks than it has) go through the shared segment (every other rank publishes its
         block and the call, the root the call only, and copies the blocks); larger blocks
         stream through the segment's pipe (each rank copies its block in, chunk by chunk,
         the root copies them out) up to world 3, or at any world size without cross-memory

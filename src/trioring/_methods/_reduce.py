@@ -49,8 +49,9 @@ class ReduceMethods(CommunicatorCore):
         by ``world_size`` once, in the dtype.
 
         Algorithm: on one host with a shared segment (``"shm"`` in :attr:`features`), an
-        input of up to :meth:`allreduce`'s share of the segment (at most ``SHM_MAX_BYTES``)
-        goes through it: every rank publishes its input (less its own block, which no peer
+        input of up to :meth:`allreduce`'s share of the segment (at most ``SHM_MAX_BYTES``;
+        where no rank shares its CPUs with more ranks than it has, up to
+        ``SLOT_PAYLOAD_BYTES`` and the scratch the reduction needs) goes through it: every rank publishes its input (less its own block, which no peer
         reads), then reduces its own block of every rank's in the order of the
         shared-memory allreduce (recursive doubling's tree over the ranks); a larger input
         streams through the segment's pipe, rank r reducing its block of the others'
@@ -143,7 +144,8 @@ class ReduceMethods(CommunicatorCore):
           its children's partial results, ``((x_v op P_(v+1)) op P_(v+2)) op P_(v+4)
           ...``; the root divides a mean by ``world_size`` once.
         - through the shared segment (on one host, with ``"shm"`` in :attr:`features`, up
-          to :meth:`allreduce`'s share of the segment): every other rank publishes its
+          to ``SLOT_PAYLOAD_BYTES`` and the scratch its reduction needs, twice
+          :meth:`allreduce`'s share at worlds 2 and 3): every other rank publishes its
           array and the root reduces them and its own in the shared-memory allreduce's
           order (recursive doubling's tree over the ranks, bitwise :meth:`allreduce`'s
           result); the root divides a mean once.

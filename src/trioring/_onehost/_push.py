@@ -62,7 +62,9 @@ __all__ = [
     "write",
 ]
 
-#: Above this many bytes (the largest broadcast the segment's slots take) a broadcast's
+#: Above this many bytes (the largest broadcast the segment's slots take where they copy
+#: it whole; where they take it in pieces, up to the whole slot: see
+#: _collectives._broadcast.shm_limit) a broadcast's
 #: root writes a share of its array into its readers' arrays where it may (see
 #: push_bytes), instead of streaming it through the segment's pipe or having them read it
 #: in threads. At world 2 (bench/paired.py --windows 5, against Open MPI in the same ranks,

@@ -69,6 +69,7 @@ __all__ = [
     "READY",
     "SHM_MAX_BYTES",
     "SLOT_BYTES",
+    "SLOT_PAYLOAD_BYTES",
     "WAKER_MAX_RANKS",
     "SharedSlots",
     "broadcast_piece_bytes",
@@ -86,11 +87,42 @@ __all__ = [
 #: broadcast 172-274 against 325-534 us at 64 KiB), and above 256 KiB its allreduce, which
 #: every rank computes whole, lost to cross-memory attach at world 4. Every slot is
 #: touched only as far as a call writes it, so the segment costs memory for the sizes that
-#: are used, up to 2 x 256 KiB per rank.
+#: are used. Reduces take more, up to the whole slot (SLOT_PAYLOAD_BYTES), and so do
+#: gathers, reduce_scatters and broadcasts where no rank is crowded: there that measured
+#: faster.
 SHM_MAX_BYTES = 256 * 1024
+#: What one rank's slot holds. The collectives whose time above SHM_MAX_BYTES was Python and
+#: rounds of agreement rather than copies gained from the slots up to this size; the others
+#: keep SHM_MAX_BYTES. Each forced in turn, through slots of 1 MiB against the pipe and
+#: cross-memory attach (bench/thresholds.py --each, float32, 5 rounds of 10 calls, the
+#: slowest rank, Intel Xeon, 2 vCPUs; slots / the table's choice before, us):
+#:   reduce     w2 320 KiB 44.6 / 69.4 (cma), 512 KiB 66.6 / 98.7; w3 384 KiB 203 / 399
+#:              (pipe), 510 KiB 316 / 463 (bench/paired.py, ratio to Open MPI, two runs
+#:              each: 384 KiB 1.41-1.46 against 1.49-1.84, 512 KiB 1.05-1.08 / 1.23-1.31);
+#:   reduce_scatter  w2 320 KiB 44.7 / 59.6 (pipe), 512 KiB 57.2 / 80.2; but w3 (3 ranks
+#:              on 2 cores) 384 KiB 341 / 321, 510 KiB 394 / 453 (cma 385);
+#:   gather     w2 512 KiB blocks (1 MiB in all) 84.8-90.6 / 113-119 (pipe), 1 MiB blocks
+#:              184 / 222; w3 512 KiB blocks 297 / 448, but in the same ranks as Open MPI
+#:              (bench/paired.py, two runs each, alternating) 2.55-2.65 of its time against
+#:              2.12-2.64, a spread of 1.1-3.8 between windows; w4 512 KiB blocks even;
+#:   broadcast  w2 320 KiB 39.0 / 41.4 (cma), 512 KiB 48.6 / 54.1, 1 MiB 93.1 / 88.8; but w3
+#:              384 KiB 168 / 158 (pipe), 510 KiB 221 / 201.
+#: Against Open MPI in the same run (bench/compare.py -n 2 --rounds 3, ratio to its time,
+#: before / after): reduce 320 KiB 1.45 / 0.95, 512 KiB 1.38 / 0.91; reduce_scatter 320 KiB
+#: 1.30 / 0.91, 512 KiB 0.96 / 0.72; gather 1 MiB 1.75 / 1.20; broadcast 320 KiB 1.07 /
+#: 0.93, 512 KiB 0.87 / 0.77 (1 MiB 0.73 / 0.81: not taken). What did not gain, and stays at
+#: SHM_MAX_BYTES: allreduce (every rank reduces every slot: w2 512 KiB 94.2 against 82.9 by
+#: cma, w3 384 KiB 388 against 285), allgather (w2 768 KiB and 1 MiB within 5 % of cma, w3
+#: 768 KiB 417 against 388 through the pipe), alltoall (w2 768 KiB 108 against 106 by cma,
+#: w3 384 KiB 324 against 285), scatter (w2 1 MiB 86-88 against 69-71 by cma). So the slot
+#: holds 512 KiB, 1 MiB per rank with both parities, touched only as far as calls write it.
+#: Measured on Intel only: elsewhere the slots copy a broadcast whole, and the broadcast
+#: keeps SHM_MAX_BYTES (see _collectives._broadcast.shm_limit); the others' gains are the
+#: Python and the rounds the slots save, which no CPU removes.
+SLOT_PAYLOAD_BYTES = 512 * 1024
 LINE = 64
 #: One rank's slot: a 64-byte line for the frame header, then the payload.
-SLOT_BYTES = LINE + SHM_MAX_BYTES
+SLOT_BYTES = LINE + SLOT_PAYLOAD_BYTES
 #: What a rank that gave up writes over its sequence number.
 BROKEN = 2**64 - 1
 #: Where a rank's *finished* word is in its line, from its sequence word.
@@ -170,7 +202,7 @@ def slot_pieces_from_bytes(vendor: str) -> int:
     four pieces of the minimum on Intel CPUs, never elsewhere (see
     BROADCAST_PIECE_MIN_BYTES). Every rank with a segment runs on one host, so all read the
     same vendor and copy alike."""
-    return 3 * BROADCAST_PIECE_MIN_BYTES if vendor == "GenuineIntel" else SHM_MAX_BYTES
+    return 3 * BROADCAST_PIECE_MIN_BYTES if vendor == "GenuineIntel" else SLOT_PAYLOAD_BYTES
 
 
 def segment_bytes(world_size: int) -> int:

@@ -25,6 +25,7 @@ from ._shm import (
     LINE,
     PRODUCED,
     PROGRESS_BITS,
+    SLOT_PAYLOAD_BYTES,
     broadcast_piece_bytes,
     slot_pieces_from_bytes,
 )
@@ -48,6 +49,7 @@ __all__ = [
     "shm_reach",
     "shm_ready",
     "shm_wait",
+    "slot_pieces",
 ]
 
 
@@ -76,6 +78,12 @@ _SHM_PARK_SECONDS = 0.001
 #: (on this machine's CPUs: see _shm.slot_pieces_from_bytes): compared first, so that
 #: smaller ones pay one comparison.
 _PIECES_FROM_BYTES = slot_pieces_from_bytes(cpu_vendor())
+
+
+def slot_pieces() -> bool:
+    """Whether a broadcast through the slots goes in pieces on this machine's CPUs where no
+    rank is crowded (see _shm.slot_pieces_from_bytes): the same on every rank."""
+    return _PIECES_FROM_BYTES < SLOT_PAYLOAD_BYTES
 
 
 async def shm_claim(world: World, spec: OpSpec) -> None:
