@@ -1,10 +1,10 @@
 """The one-host paths of the collectives that only copy: the shared segment's slots
 (allgather, gather, alltoall, and reduce_scatter and reduce, up to the most each takes;
 scatter, scatterv, allgatherv, gatherv and alltoallv on each side of where the decision
-table stops taking them), its pipe (those, allgatherv and scatter, and the reductions: reduce_scatter(v) and
-reduce) and cross-memory attach (the same; with its control through the segment, and by
-frames where there is no segment), each forced at worlds 2-5 in
-real processes over Unix sockets, on seeded inputs of several dtypes at sizes from empty to
+table stops taking them), its pipe (those, allgatherv and scatter, and the reductions:
+reduce_scatter(v) and reduce) and cross-memory attach (the same; with its control through
+the segment, and by frames where there is no segment), each forced at worlds 2-5 in real
+processes over Unix sockets, on seeded inputs of several dtypes at sizes from empty to
 several chunks, with every rank that is not checking overwriting its buffers the moment a
 call returns (see tests/workers/onehost_worker.py). A call too large for the shared segment
 is refused before any I/O. Which path the decision table picks is tested in each

@@ -51,9 +51,10 @@ class ReduceMethods(CommunicatorCore):
         Algorithm: on one host with a shared segment (``"shm"`` in :attr:`features`), an
         input of up to :meth:`allreduce`'s share of the segment (at most ``SHM_MAX_BYTES``;
         where no rank shares its CPUs with more ranks than it has, up to
-        ``SLOT_PAYLOAD_BYTES`` and the scratch the reduction needs) goes through it: every rank publishes its input (less its own block, which no peer
-        reads), then reduces its own block of every rank's in the order of the
-        shared-memory allreduce (recursive doubling's tree over the ranks); a larger input
+        ``SLOT_PAYLOAD_BYTES`` and the scratch the reduction needs) goes through it: every
+        rank publishes its input (less its own block, which no peer reads), then reduces
+        its own block of every rank's in the order of the shared-memory allreduce
+        (recursive doubling's tree over the ranks); a larger input
         streams through the segment's pipe, rank r reducing its block of the others'
         inputs, streamed to it chunk by chunk from ranks r - 1, r - 2, ... in turn, into its
         own; above ``PIPE_MAX_REDUCE_BYTES``, where cross-memory attach was agreed too, it
