@@ -1,8 +1,9 @@
 """The shared-memory path for barriers and small collectives (``"shm"`` feature), across real
 processes on Unix sockets: exact results, waits that park, other tasks during a wait,
-mismatches with either path, and a close from another task. The stress worker in
-test_fastpaths.py covers arrays overwritten on return and the fallback when a rank refuses;
-test_faults.py covers killed and cancelling peers (many of its worlds use this path).
+mismatches with either path, a close from another task, and which collectives take how much
+of a slot. The stress worker in test_fastpaths.py covers arrays overwritten on return and the
+fallback when a rank refuses; test_faults.py covers killed and cancelling peers (many of its
+worlds use this path).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import pytest
 
 import trioring
 from launched import push_expected, threads_expected
-from trioring._onehost import _shm
+from trioring._algorithms import World
+from trioring._collectives import _allreduce, _broadcast, _decision, _gather, _reduce
+from trioring._onehost import _shm, _shm_collectives, _shm_reductions
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -241,10 +244,6 @@ def test_the_collectives_that_gained_take_the_whole_slot(
     slot (SLOT_PAYLOAD_BYTES, and for the reductions their share of the scratch); allreduce
     and the other copying collectives stop at SHM_MAX_BYTES. A forced "shm" takes what the
     slot holds whatever the table's choice."""
-    from trioring._algorithms import World
-    from trioring._collectives import _allreduce, _broadcast, _decision, _gather, _reduce
-    from trioring._onehost import _shm_collectives, _shm_reductions
-
     fd = _shm.create_segment(world_size)
     try:
         slots = _shm.SharedSlots(fd, 0, world_size, {}, wakers=[], oversubscribed=False)
