@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 
 from _machine import describe
-from plot import MPI_TARGETS, find_cell, load_paired
+from verdicts import MPI_TARGETS, find_cell, load_paired
 
 from trioring._bench import format_size
 

@@ -6,7 +6,8 @@ Writes ``docs/performance/busbw.svg`` (bus bandwidth against size, trioring besi
 in the JSON: Gloo, MPI over shared memory and MPI over TCP; one panel per collective and world
 size), ``docs/performance/time.svg`` (time ratio trioring / peer, one panel per peer), and the
 tables the page includes: ``bench/results/results.md`` (the full table),
-``bench/results/targets.md`` (the performance targets against these measurements) and, from
+``bench/results/targets.md`` (the performance targets against these measurements),
+``bench/results/misses.md`` (each missed target's verdict: bench/verdicts.py) and, from
 ``bench/results/budget.json`` when it exists, ``bench/results/budget.md``. Where
 ``bench/results/paired_w*.json`` exist (bench/paired.py: trioring and Open MPI timed in the
 same ranks), the targets table shows their ratios beside compare.py's. Files written
@@ -32,6 +33,7 @@ OUT = ROOT / "docs" / "performance"
 TABLES = ROOT / "bench" / "results"
 sys.path.insert(0, str(ROOT / "src"))
 from _machine import describe  # noqa: E402
+from verdicts import MPI_TARGETS, find_cell, load_paired, misses  # noqa: E402
 
 from trioring._bench import format_size  # noqa: E402
 from trioring._bench_cases import CASES  # noqa: E402
@@ -173,23 +175,6 @@ def table(cells: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-# trioring's performance targets. Against MPI (mpi4py over Open MPI's shared-memory transport,
-# the peer an HPC user compares with): (collectives, world sizes, sizes in bytes, largest time
-# ratio trioring / MPI shm). Sizes of the collectives that split into blocks are the nominal
-# ones: their smallest cell moves one element per rank.
-MPI_TARGETS = [
-    (("barrier",), (2, 4), (0,), 3.0),
-    (("allreduce", "broadcast"), (2, 4), (4, 4096), 3.0),
-    (("allreduce", "broadcast"), (2, 4), (64 * 1024, 256 * 1024), 1.0),
-    (("allreduce", "broadcast"), (2, 4), (4 * 1024**2,), 0.8),
-    (("allreduce",), (2, 4), (64 * 1024**2,), 0.5),
-    (("broadcast",), (2, 4), (64 * 1024**2,), 0.8),
-    *(
-        ((c,), (2, 4), (size,), limit)
-        for c in ("reduce", "allgather", "reduce_scatter", "gather", "scatter", "alltoall")
-        for size, limit in ((4, 3.0), (64 * 1024, 1.0), (4 * 1024**2, 0.8))
-    ),
-]
 # Against Gloo, never to regress: (collective, world size, size in bytes, trioring's
 # transport, largest time ratio trioring / Gloo).
 GLOO_TARGETS = [
@@ -207,25 +192,6 @@ GLOO_TARGETS = [
 ]
 
 
-def find_cell(cells: list[dict], collective: str, n: int, size: int, transport: str) -> dict | None:
-    """The cell of ``size``, or for the collectives that split it into blocks (whose
-    smallest cells move one element per rank) the smallest cell of at least ``size``."""
-    mine = sorted(
-        (
-            c
-            for c in cells
-            if c["collective"] == collective
-            and c["world_size"] == n
-            and c["transport"] == transport
-            and c["size"] >= size
-        ),
-        key=lambda c: c["size"],
-    )
-    if mine and (mine[0]["size"] == size or mine[0]["size"] <= max(size, 4) * n):
-        return mine[0]
-    return None
-
-
 def _floor(floor: dict | None, collective: str, n: int, size: int) -> str:
     """The Python floor (bench/floor.py) of a 4-byte allreduce or a barrier, where known."""
     if floor is None or size > 4 or collective not in ("allreduce", "barrier"):
@@ -234,15 +200,6 @@ def _floor(floor: dict | None, collective: str, n: int, size: int) -> str:
         if row["world_size"] == n and row["variant"] == collective:
             return f"{row['median_us']:.1f}"
     return ""
-
-
-def load_paired(paths: list[Path]) -> list[dict]:
-    """The cells of bench/paired.py's JSON files, in compare.py's terms (transport unix)."""
-    cells = []
-    for path in paths:
-        for cell in json.loads(path.read_text())["cells"]:
-            cells.append({**cell, "transport": "unix"})
-    return cells
 
 
 def _paired(
@@ -395,6 +352,8 @@ def main() -> None:
     paired = load_paired(paired_json)
     heading = measured_on(paired_json) or heading
     (TABLES / "targets.md").write_text(heading + targets(cells, floor, paired))
+    if paired:
+        (TABLES / "misses.md").write_text(misses(paired))
     budget_json = args.budget or TABLES / "budget.json"
     if budget_json.exists():
         (TABLES / "budget.md").write_text(budget(budget_json))

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -242,3 +243,83 @@ def test_floor_worker_results(ranks: int) -> None:
     scope = Path("/proc/sys/kernel/yama/ptrace_scope")
     if not scope.exists() or scope.read_text().strip() == "0":
         assert "single copies (process_vm_readv): checked" in stdout, stdout
+
+
+def _verdicts_module() -> object:
+    """bench/verdicts.py, imported from its file (bench/ is not a package)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "verdicts.py"
+    spec = importlib.util.spec_from_file_location("bench_verdicts", path)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _paired_cell(
+    collective: str, n: int, size: int, ratio: float, floor: tuple[float, float] | None
+) -> dict[str, object]:
+    """A cell as bench/paired.py writes it (Open MPI at 10 us), with the floor with its
+    schedule point at (median, best window) times Open MPI's."""
+    cell: dict[str, object] = {
+        "collective": collective,
+        "world_size": n,
+        "size": size,
+        "transport": "unix",
+        "trioring_us": 10.0 * ratio,
+        "mpi_us": 10.0,
+        "ratio": ratio,
+        "ratio_min": ratio * 0.9,
+        "ratio_max": ratio * 1.1,
+    }
+    if floor is not None:
+        cell["floor_trio_ratio"], cell["floor_trio_ratio_min"] = floor
+    return cell
+
+
+def test_verdicts_judge_each_miss_by_the_floor() -> None:
+    """bench/verdicts.py, which the performance page's table of misses comes from: a met
+    target, a miss the floor with its schedule point proves (past the target in every
+    window), one at the edge (past it in the median only), one with room (the floor meets
+    it), one the floor does not bound (trioring beat its best window), and one without a
+    floor; the summary counts them, and the misses with room come first, least over first."""
+    verdicts: Any = _verdicts_module()
+    limit = 1.0
+    cases = {
+        "met": (0.9, (0.5, 0.4)),
+        "proven": (2.0, (1.5, 1.2)),
+        "edge": (2.0, (1.2, 0.9)),
+        "room": (1.5, (0.8, 0.7)),
+        "not bounded": (1.1, (1.4, 1.2)),
+        "not measured": (1.5, None),
+    }
+    for expected, (ratio, floor) in cases.items():
+        cell = _paired_cell("broadcast", 2, 65536, ratio, floor)
+        assert verdicts.verdict(cell, limit) == expected, expected
+    # Trioring a little faster than the floor's median but not than its best window: the
+    # same single copies, within the floor's own spread, so still proven.
+    close = _paired_cell("gather", 4, 4 * 1024**2, 1.46, (1.50, 1.42))
+    assert verdicts.verdict(close, 0.8) == "proven"
+
+    cells = [
+        _paired_cell("broadcast", 2, 65536, 0.9, (0.5, 0.4)),  # met
+        _paired_cell("broadcast", 4, 65536, 1.3, (0.8, 0.7)),  # room, 3 us over
+        _paired_cell("allreduce", 2, 65536, 1.2, (0.8, 0.7)),  # room, 2 us over
+        _paired_cell("allreduce", 4, 65536, 2.0, (1.5, 1.2)),  # proven
+    ]
+    text = verdicts.misses(cells)
+    assert text.startswith(
+        "1 of the 62 targets against Open MPI met in the same ranks; of the 61 missed, "
+        "1 proven by the floor of the design with its schedule point, 0 at the edge, 0 not "
+        "bounded by it, 2 with room, 58 not measured."
+    ), text
+    rows = [line for line in text.splitlines() if line.startswith("| ") and "world" in line]
+    assert [row.split(" | ")[0] for row in rows[:3]] == [
+        "| allreduce 64 KiB, world 2",
+        "| broadcast 64 KiB, world 4",
+        "| allreduce 64 KiB, world 4",
+    ]
+    assert rows[0].endswith("| room | 12.0 | 10.0 | 2.0 |"), rows[0]
+    assert not any("broadcast 64 KiB, world 2" in row for row in rows)
