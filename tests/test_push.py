@@ -10,6 +10,7 @@ that the host has 64 CPUs, so that the root pushes at every world size on any ma
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -134,3 +135,25 @@ def test_a_write_that_fails_fails_the_call_naming_the_peer(
     assert "could not write into the memory of peer rank 1" in error["message"], reports[0]
     for report in reports:
         assert "returned" not in report, report
+
+
+@pytest.mark.parametrize("n", [2, 3, 4, 7])
+def test_a_pushed_reduce_gives_its_root_the_larger_segment(n: int) -> None:
+    """The segments of a pushed reduce cover the array once, in rank order, and the root's
+    (which writes nothing into a peer) is ``1 + 1 / (2 (n - 1))`` times another's, to an
+    element; an allreduce's are equal shares. Every rank works them out alone, so this is
+    all that keeps their reads and writes apart."""
+    from trioring._onehost._cma_collectives import _pushed_bounds
+
+    for total in (0, 1, n - 1, n, 1001, 1 << 20):
+        assert _pushed_bounds(total, n, None) == [q * total // n for q in range(n + 1)]
+        for root in range(n):
+            bounds = _pushed_bounds(total, n, root)
+            assert bounds[0] == 0
+            assert bounds[-1] == total
+            assert bounds == sorted(bounds)
+            sizes = [b - a for a, b in itertools.pairwise(bounds)]
+            share = total / (n + 1 / (2 * (n - 1)))
+            for q, size in enumerate(sizes):
+                expected = share * (1 + 1 / (2 * (n - 1))) if q == root else share
+                assert abs(size - expected) < 2, (total, root, sizes)

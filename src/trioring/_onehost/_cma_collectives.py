@@ -100,6 +100,21 @@ READ_THREADS_MIN_BYTES = 24 * 1024 * 1024
 #: 1.05, 0.93 / 1.02, 1.10; reduce 1.03, 0.93 / 0.97, 1.04 / 0.97, 1.08: within the noise.
 _REDUCE_STEP_BYTES = 256 * 1024
 
+#: A pushed reduce's root (_reduce_pushed) takes a larger segment than the other ranks:
+#: each of them also writes its finished segment into the root's array, a copy the root
+#: does not make. A segment costs its rank n - 1 reads and reductions, and that write about
+#: half of one more, so the root's share is ``1 + 1 / (_ROOT_EXTRA_DIVISOR (n - 1))`` times
+#: another's (1.5 at world 2). In equal shares at world 2 the root finished its 2 MiB of a
+#: 4 MiB reduce in 250-300 us and then waited 80-150 for the other rank, whose 2 MiB took
+#: 340-440 (phase timers on both ranks). Against Open MPI in the same ranks
+#: (bench/paired.py -n 2 --collective reduce, 9 windows, launches alternating, median
+#: ratio), equal shares / the root's 1.4 times another's: 4 MiB 0.71, 0.72, 0.75, 0.65 /
+#: 0.72, 0.64, 0.70, 0.63; 16 MiB 0.48, 0.46, 0.52 / 0.43, 0.42, 0.45; 64 MiB 0.29-0.30 /
+#: 0.24-0.25 (four launches of each). 1.25, 1.5 and 1.75 times measured the same (16 and
+#: 64 MiB, two launches each); at world 4 on 2 cores, 1.13 times: 4 MiB 0.34 either way,
+#: 16 MiB 0.30 / 0.27-0.29.
+_ROOT_EXTRA_DIVISOR = 2
+
 ANNOUNCE = struct.Struct("<QQ")  # address of the array's data, its size in bytes
 _WORDS = np.dtype(np.uint64)
 
@@ -418,6 +433,22 @@ async def _reduce_segments(
     await finish(world, spec, peers, peers, step=2)
 
 
+def _pushed_bounds(total: int, n: int, root: int | None) -> list[int]:
+    """Where each rank's segment of a pushed reduction (:func:`_reduce_pushed`) of
+    ``total`` elements begins, and the end: equal shares for an allreduce; for a reduce,
+    the root's share is ``1 + 1 / (2 (n - 1))`` times another rank's (see
+    _ROOT_EXTRA_DIVISOR). The same on every rank."""
+    if root is None:
+        return [q * total // n for q in range(n + 1)]
+    unit = _ROOT_EXTRA_DIVISOR * (n - 1)  # another rank's weight; the root's is one more
+    whole = n * unit + 1
+    bounds, weight = [0], 0
+    for q in range(n):
+        weight += unit + (q == root)
+        bounds.append(total * weight // whole)
+    return bounds
+
+
 async def _reduce_pushed(
     world: World,
     spec: OpSpec,
@@ -436,13 +467,15 @@ async def _reduce_pushed(
     (its reads of this rank's array, and its writes into it, are over). A rank written into
     that leaves early waits for the writes in progress to stop (see _push); the writes stop
     for any schedule point. A reduce's other ranks reduce each piece in a new array of one
-    piece, since their own arrays stay as they are."""
+    piece, since their own arrays stay as they are, and its root, which writes nothing,
+    takes the larger segment (:func:`_pushed_bounds`)."""
     assert world.peer_pids is not None
     n, r = world.size, world.rank
     peers = [q for q in range(n) if q != r]
     itemsize = flat.dtype.itemsize
     total = flat.shape[0]
-    lo, hi = r * total // n, (r + 1) * total // n
+    bounds = _pushed_bounds(total, n, root)
+    lo, hi = bounds[r], bounds[r + 1]
     chunk = max(1, min(world.chunk_bytes, _REDUCE_STEP_BYTES) // itemsize)
     scratch = world.scratch[: chunk * itemsize].view(flat.dtype)
     local, into = _cma.data_address(flat), _cma.data_address(scratch)
