@@ -13,8 +13,9 @@ MPI, and the floor of the design as a Trio call, its fourth side, in the same pr
                  built on these copies can meet it here, whatever its checks and call
                  identity cost.
 ``edge``         that floor is past the target in the median, but not in its best window.
-``not bounded``  trioring beat the floor's best window (its pipe, where the floor copies
-                 once by ``process_vm_readv``), so the floor says nothing about its path.
+``not bounded``  trioring beat the floor's best window, by a path the floor does not take
+                 (the segment's pipe, or ranks writing into each other's arrays, where the
+                 floor only reads by ``process_vm_readv``): it says nothing about that path.
 ``room``         the floor with its schedule point meets the target: what stands between
                  trioring and the target is trioring's own call, and the table says by how
                  many microseconds (trioring's median less the target's share of Open
@@ -89,8 +90,8 @@ def verdict(cell: dict, limit: float) -> str:
     if "floor_trio_ratio" not in cell:
         return "not measured"
     if cell["ratio"] < cell["floor_trio_ratio_min"] and cell["floor_trio_ratio"] > limit:
-        # Faster than the floor's best window: another path (the segment's pipe, where the
-        # floor copies once by process_vm_readv), which the floor does not bound.
+        # Faster than the floor's best window: another path (the segment's pipe, or writes
+        # into the peers' arrays, where the floor only reads), which it does not bound.
         return "not bounded"
     if cell["floor_trio_ratio_min"] > limit:
         return "proven"

@@ -110,9 +110,9 @@ _REDUCE_STEP_BYTES = 256 * 1024
 #: (bench/paired.py -n 2 --collective reduce, 9 windows, launches alternating, median
 #: ratio), equal shares / the root's 1.4 times another's: 4 MiB 0.71, 0.72, 0.75, 0.65 /
 #: 0.72, 0.64, 0.70, 0.63; 16 MiB 0.48, 0.46, 0.52 / 0.43, 0.42, 0.45; 64 MiB 0.29-0.30 /
-#: 0.24-0.25 (four launches of each). 1.25, 1.5 and 1.75 times measured the same (16 and
-#: 64 MiB, two launches each); at world 4 on 2 cores, 1.13 times: 4 MiB 0.34 either way,
-#: 16 MiB 0.30 / 0.27-0.29.
+#: 0.24-0.25 (four launches of each, three at 16 MiB). 1.25, 1.5 and 1.75 times measured
+#: the same (16 and 64 MiB, two launches each); at world 4 on 2 cores, 1.13 times: 4 MiB
+#: 0.34 either way, 16 MiB 0.30 / 0.27-0.29.
 _ROOT_EXTRA_DIVISOR = 2
 
 ANNOUNCE = struct.Struct("<QQ")  # address of the array's data, its size in bytes
