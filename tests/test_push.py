@@ -138,17 +138,17 @@ def test_a_write_that_fails_fails_the_call_naming_the_peer(
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 7])
-def test_a_pushed_reduce_gives_its_root_the_larger_segment(n: int) -> None:
-    """The segments of a pushed reduce cover the array once, in rank order, and the root's
-    (which writes nothing into a peer) is ``1 + 1 / (2 (n - 1))`` times another's, to an
-    element; an allreduce's are equal shares. Every rank works them out alone, so this is
-    all that keeps their reads and writes apart."""
-    from trioring._onehost._cma_collectives import _pushed_bounds
+def test_a_reduce_by_cross_memory_attach_gives_its_root_the_larger_segment(n: int) -> None:
+    """The segments of a reduce by cross-memory attach cover the array once, in rank
+    order, and the root's (which writes nothing into a peer) is ``1 + 1 / (2 (n - 1))``
+    times another's, to an element; an allreduce's are equal shares. Every rank works them
+    out alone, so this is all that keeps their reads and writes apart."""
+    from trioring._onehost._cma_collectives import _segment_bounds
 
     for total in (0, 1, n - 1, n, 1001, 1 << 20):
-        assert _pushed_bounds(total, n, None) == [q * total // n for q in range(n + 1)]
+        assert _segment_bounds(total, n, None) == [q * total // n for q in range(n + 1)]
         for root in range(n):
-            bounds = _pushed_bounds(total, n, root)
+            bounds = _segment_bounds(total, n, root)
             assert bounds[0] == 0
             assert bounds[-1] == total
             assert bounds == sorted(bounds)
@@ -157,3 +157,21 @@ def test_a_pushed_reduce_gives_its_root_the_larger_segment(n: int) -> None:
             for q, size in enumerate(sizes):
                 expected = share * (1 + 1 / (2 * (n - 1))) if q == root else share
                 assert abs(size - expected) < 2, (total, root, sizes)
+
+
+@pytest.mark.skipif(not ONEHOST, reason="needs cross-memory writes and the shared segment")
+@pytest.mark.parametrize("n", [2, 3, 4])
+def test_reduces_that_do_not_push_are_whole_too(tmp_path: Path, n: int) -> None:
+    """Where one rank refuses pushing, every reduce forced by cross-memory attach reads:
+    its other ranks reduce their (smaller) segments into new arrays, and the root reads
+    them. The stress mode's reduces (every root in turn, odd sizes, four dtypes) still come
+    out right on the roots that check them, and every other rank's input unchanged."""
+    env = {"PUSH_OFF_RANK": "0", "TRIORING_ALGORITHM": "reduce=cma"}
+    reports = run_reports(WORKER, ["stress", str(tmp_path)], tmp_path, n, env=env)
+    assert [report["errors"] for report in reports] == [[]] * n
+    for report in reports:
+        assert "push" not in report["features"], report
+        assert report["writes"] == 0, report
+        assert "_reduce_pushed" not in report["calls"], report
+        # The 3n reduces, and the allreduces that went by cross-memory attach too.
+        assert report["calls"].get("_reduce_segments", 0) >= 3 * n, report

@@ -59,6 +59,7 @@ _worker_util.count_calls(CALLS, _push, "push_into")
 _worker_util.count_calls(CALLS, _push, "pushed")
 _worker_util.count_calls(CALLS, _cma_collectives, "cma_broadcast")
 _worker_util.count_calls(CALLS, _cma_collectives, "_reduce_pushed")
+_worker_util.count_calls(CALLS, _cma_collectives, "_reduce_segments")
 _worker_util.count_calls(CALLS, _pipe, "pipe_broadcast")
 
 WRITES = {"count": 0}

@@ -100,19 +100,27 @@ READ_THREADS_MIN_BYTES = 24 * 1024 * 1024
 #: 1.05, 0.93 / 1.02, 1.10; reduce 1.03, 0.93 / 0.97, 1.04 / 0.97, 1.08: within the noise.
 _REDUCE_STEP_BYTES = 256 * 1024
 
-#: A pushed reduce's root (_reduce_pushed) takes a larger segment than the other ranks:
-#: each of them also writes its finished segment into the root's array, a copy the root
-#: does not make. A segment costs its rank n - 1 reads and reductions, and that write about
-#: half of one more, so the root's share is ``1 + 1 / (_ROOT_EXTRA_DIVISOR (n - 1))`` times
-#: another's (1.5 at world 2). In equal shares at world 2 the root finished its 2 MiB of a
-#: 4 MiB reduce in 250-300 us and then waited 80-150 for the other rank, whose 2 MiB took
-#: 340-440 (phase timers on both ranks). Against Open MPI in the same ranks
+#: A reduce's root takes a larger segment than the other ranks (_segment_bounds). Pushed
+#: (_reduce_pushed), each of them also writes its finished segment into the root's array, a
+#: copy the root does not make: a segment costs its rank n - 1 reads and reductions, and
+#: that write about half of one more, so the root's share is ``1 + 1 / (_ROOT_EXTRA_DIVISOR
+#: (n - 1))`` times another's (1.5 at world 2). In equal shares at world 2 the root finished
+#: its 2 MiB of a 4 MiB reduce in 250-300 us and then waited 80-150 for the other rank,
+#: whose 2 MiB took 340-440 (phase timers on both ranks). Against Open MPI in the same ranks
 #: (bench/paired.py -n 2 --collective reduce, 9 windows, launches alternating, median
 #: ratio), equal shares / the root's 1.4 times another's: 4 MiB 0.71, 0.72, 0.75, 0.65 /
 #: 0.72, 0.64, 0.70, 0.63; 16 MiB 0.48, 0.46, 0.52 / 0.43, 0.42, 0.45; 64 MiB 0.29-0.30 /
-#: 0.24-0.25 (four launches of each, three at 16 MiB). 1.25, 1.5 and 1.75 times measured
-#: the same (16 and 64 MiB, two launches each); at world 4 on 2 cores, 1.13 times: 4 MiB
-#: 0.34 either way, 16 MiB 0.30 / 0.27-0.29.
+#: 0.24-0.25 (four launches of each, three at 16 MiB). 1.25, 1.5 and 1.75 times measured the
+#: same (16 and 64 MiB, two launches each); at world 4 on 2 cores, 1.13 times: 4 MiB 0.34
+#: either way, 16 MiB 0.30 / 0.27-0.29. Where the ranks do not push (_reduce_segments), the
+#: others reduce their segments into a new array each, whose pages the kernel supplies and
+#: clears as they are first written, and the root reads them afterwards; there too the
+#: root's larger share measured faster (TRIORING_PUSH=0, bench/paired.py -n 2 --sizes
+#: 4M,16M,64M --windows 7, equal / root 1.5x / 2x, three launches each): 4 MiB 1.05, 1.00,
+#: 1.02 / 0.99, 0.89, 0.98 / 0.98, 0.94, 1.05; 16 MiB 0.68-0.78 / 0.71-0.75 / 0.66-0.70; 64
+#: MiB 0.58-0.61 / 0.39-0.42 / 0.38-0.41. Half the share (0.5x) took 1.32-1.42 at 4 MiB and
+#: 0.75-0.78 at 64 MiB. At world 4 on 2 cores, 1x / 1.17x / 1.5x within the spread (64 MiB
+#: 0.32-0.33 / 0.32-0.35 / 0.35, two launches each).
 _ROOT_EXTRA_DIVISOR = 2
 
 ANNOUNCE = struct.Struct("<QQ")  # address of the array's data, its size in bytes
@@ -362,11 +370,28 @@ async def cma_reduce(
     reduces its segment into a new array (its own array is only read), says where that is
     with its "final" (the slot's words after its address, or the payload of frame step 1,
     to the root only), and only the root copies the finished segments, into its array. The
-    work of reducing is spread over every rank, as in the allreduce; the root copies
-    ``(n - 1) / n`` of the array twice (in to reduce, then the finished segments). Scratch:
-    one chunk, and on a non-root its segment. With a segment, the publication agrees on the
-    root; without one, the caller's agreement round has."""
+    work of reducing is spread over every rank, as in the allreduce, the root's segment the
+    larger (:func:`_segment_bounds`); the root reads the others' values of its own segment
+    to reduce it, then their finished segments. Scratch: one chunk, and on a non-root its
+    segment. With a segment, the publication agrees on the root; without one, the caller's
+    agreement round has."""
     await _reduce_segments(world, spec, flat, reduce, divide, root)
+
+
+def _segment_bounds(total: int, n: int, root: int | None) -> list[int]:
+    """Where each rank's segment of a reduction by cross-memory attach of ``total``
+    elements begins, and the end: equal shares for an allreduce; for a reduce, the root's
+    share is ``1 + 1 / (2 (n - 1))`` times another rank's (see _ROOT_EXTRA_DIVISOR). The
+    same on every rank."""
+    if root is None:
+        return [q * total // n for q in range(n + 1)]
+    unit = _ROOT_EXTRA_DIVISOR * (n - 1)  # another rank's weight; the root's is one more
+    whole = n * unit + 1
+    bounds, weight = [0], 0
+    for q in range(n):
+        weight += unit + (q == root)
+        bounds.append(total * weight // whole)
+    return bounds
 
 
 async def _reduce_segments(
@@ -385,7 +410,7 @@ async def _reduce_segments(
     peers = [q for q in range(n) if q != r]
     itemsize = flat.dtype.itemsize
     total = flat.shape[0]
-    bounds = [i * total // n for i in range(n + 1)]
+    bounds = _segment_bounds(total, n, root)
     lo, hi = bounds[r], bounds[r + 1]
     # Where this rank reduces its segment: in place, unless the array is a reduce's input.
     kept = root is None or r == root
@@ -433,22 +458,6 @@ async def _reduce_segments(
     await finish(world, spec, peers, peers, step=2)
 
 
-def _pushed_bounds(total: int, n: int, root: int | None) -> list[int]:
-    """Where each rank's segment of a pushed reduction (:func:`_reduce_pushed`) of
-    ``total`` elements begins, and the end: equal shares for an allreduce; for a reduce,
-    the root's share is ``1 + 1 / (2 (n - 1))`` times another rank's (see
-    _ROOT_EXTRA_DIVISOR). The same on every rank."""
-    if root is None:
-        return [q * total // n for q in range(n + 1)]
-    unit = _ROOT_EXTRA_DIVISOR * (n - 1)  # another rank's weight; the root's is one more
-    whole = n * unit + 1
-    bounds, weight = [0], 0
-    for q in range(n):
-        weight += unit + (q == root)
-        bounds.append(total * weight // whole)
-    return bounds
-
-
 async def _reduce_pushed(
     world: World,
     spec: OpSpec,
@@ -468,13 +477,13 @@ async def _reduce_pushed(
     that leaves early waits for the writes in progress to stop (see _push); the writes stop
     for any schedule point. A reduce's other ranks reduce each piece in a new array of one
     piece, since their own arrays stay as they are, and its root, which writes nothing,
-    takes the larger segment (:func:`_pushed_bounds`)."""
+    takes the larger segment (:func:`_segment_bounds`)."""
     assert world.peer_pids is not None
     n, r = world.size, world.rank
     peers = [q for q in range(n) if q != r]
     itemsize = flat.dtype.itemsize
     total = flat.shape[0]
-    bounds = _pushed_bounds(total, n, root)
+    bounds = _segment_bounds(total, n, root)
     lo, hi = bounds[r], bounds[r + 1]
     chunk = max(1, min(world.chunk_bytes, _REDUCE_STEP_BYTES) // itemsize)
     scratch = world.scratch[: chunk * itemsize].view(flat.dtype)
