@@ -8,11 +8,11 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 import trioring
+from launched import load_module
 from trioring._bench import format_size, parse_sizes
 from trioring._bench_cases import CASES
 
@@ -245,19 +245,6 @@ def test_floor_worker_results(ranks: int) -> None:
         assert "single copies (process_vm_readv): checked" in stdout, stdout
 
 
-def _verdicts_module() -> object:
-    """bench/verdicts.py, imported from its file (bench/ is not a package)."""
-    import importlib.util
-
-    path = Path(__file__).resolve().parents[1] / "bench" / "verdicts.py"
-    spec = importlib.util.spec_from_file_location("bench_verdicts", path)
-    assert spec is not None
-    assert spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _paired_cell(
     collective: str, n: int, size: int, ratio: float, floor: tuple[float, float] | None
 ) -> dict[str, object]:
@@ -285,7 +272,9 @@ def test_verdicts_judge_each_miss_by_the_floor() -> None:
     window), one at the edge (past it in the median only), one with room (the floor meets
     it), one the floor does not bound (trioring beat its best window), and one without a
     floor; the summary counts them, and the misses with room come first, least over first."""
-    verdicts: Any = _verdicts_module()
+    verdicts = load_module(
+        "bench_verdicts", Path(__file__).resolve().parents[1] / "bench" / "verdicts.py"
+    )
     limit = 1.0
     cases = {
         "met": (0.9, (0.5, 0.4)),
