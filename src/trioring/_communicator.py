@@ -24,7 +24,7 @@ from ._methods import (
 from ._onehost import _cma_collectives, _push
 from ._onehost._shm import SHM_MAX_BYTES
 from ._util import NoPublicConstructor
-from ._wire import DTYPE_CODES, Kind
+from ._wire import DTYPE_CODES, NO_ROOT, Kind
 
 if TYPE_CHECKING:
     import numpy as np
@@ -237,9 +237,7 @@ class Communicator(
         await self._run(
             kind,
             body,
-            dtype_code=DTYPE_CODES[flat.dtype],
-            count=flat.shape[0],
-            op_code=_allreduce.OP_CODES[reduce_op],
+            (DTYPE_CODES[flat.dtype], flat.shape[0], _allreduce.OP_CODES[reduce_op], NO_ROOT, None),
         )
 
     async def broadcast(self, array: np.ndarray[Any, Any], *, root: int = 0) -> None:
@@ -297,9 +295,7 @@ class Communicator(
         await self._run(
             kind,
             _broadcast.body(name, world, flat, root),
-            dtype_code=DTYPE_CODES[flat.dtype],
-            count=flat.shape[0],
-            root=root,
+            (DTYPE_CODES[flat.dtype], flat.shape[0], 0, root, None),
         )
 
     async def barrier(self) -> None:

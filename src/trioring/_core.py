@@ -3,7 +3,7 @@
 cancelled (the abort frames that tell the peers, then closing everything). The public
 methods live in :mod:`trioring._communicator` and the family modules of
 :mod:`trioring._methods`, each of which validates, picks an algorithm and calls
-:meth:`CommunicatorCore._execute`."""
+:meth:`CommunicatorCore._run`."""
 
 from __future__ import annotations
 
@@ -13,14 +13,13 @@ import enum
 import functools
 import hashlib
 import logging
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING
 
 import numpy as np
 import trio
 
 from . import _algorithms
 from ._collectives import _allreduce, _decision
-from ._collectives._checks import Refused
 from ._concurrency import cancel_cause, first_leaf, is_cancellation, run_with_grace
 from ._errors import (
     RANKS_NOTE,
@@ -44,7 +43,7 @@ from ._wire import NO_ROOT, AbortKind, Kind, OpSpec
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterator
 
-    from ._collectives._checks import Plan
+    from ._collectives._checks import Identity
     from ._family import Family
 
 __all__ = ["DEFAULT_CHUNK_BYTES", "CommunicatorCore", "State", "steps_of"]
@@ -57,7 +56,8 @@ _ABORT_NOTICE_SECONDS = 0.25
 _logger = logging.getLogger("trioring")
 _PAGE = 4096
 
-_R = TypeVar("_R")
+#: The identity of a call that has only its kind (a barrier's).
+_NO_IDENTITY: Identity = (0, 0, 0, NO_ROOT, None)
 
 #: The method whose steps the current task's collectives are (``broadcast_object``, whose
 #: steps are broadcasts), for the messages about them: a user who never called a broadcast
@@ -165,21 +165,6 @@ class CommunicatorCore:
         )
         #: Algorithms forced per collective (see _force_algorithm); empty by default.
         self._forced: dict[str, str] = {}
-
-    async def _execute(
-        self,
-        kind: Kind,
-        plan: Callable[[], Plan[_R]],
-    ) -> _R:
-        """Run the call that ``plan`` prepares: a planner checks the arguments (raising
-        Refused, which becomes an InvalidArgumentError before any I/O) and returns (the
-        result, the body, the identity's fields); then the body runs under :meth:`_run`."""
-        try:
-            result, body, identity = plan()
-        except Refused as exc:
-            raise self._invalid(kind, str(exc)) from None
-        await self._run(kind, body, **identity)
-        return result
 
     def _where(self, kind: Kind, seq: int | None = None) -> str:
         where = f"rank {self._rank}: {kind.label} #{self._seq + 1 if seq is None else seq}"
@@ -308,19 +293,25 @@ class CommunicatorCore:
         self,
         kind: Kind,
         body: Callable[[OpSpec], Awaitable[None]],
-        *,
-        dtype_code: int = 0,
-        count: int = 0,
-        op_code: int = 0,
-        root: int = NO_ROOT,
-        trailing: tuple[int, ...] | None = None,
+        identity: Identity = _NO_IDENTITY,
     ) -> None:
+        """Run ``body`` as the next collective call, of ``identity``'s fields (see
+        :data:`~._collectives._checks.Identity`; a family's planner returns them, with the
+        body, having checked the arguments: its Refused becomes the method's
+        InvalidArgumentError before any I/O, so the communicator stays usable).
+
+        The methods call their planner and this directly, with the identity as one tuple:
+        through a helper coroutine that called a planner in a lambda and passed its
+        identity as a dict of keywords, a reduce took 1-2 us longer (bench/paired.py -n 2
+        --collective reduce, four launches each, alternating: 64 KiB 23.3-24.5 us against
+        21.8-22.3, 4 bytes 17.3-19.4 against 15.8-17.1), as it does from the caches the
+        benchmark's calls leave."""
         self._check_usable(kind)
         # An already-cancelled caller gets Cancelled here, before any I/O, so the communicator
         # stays usable.
         await trio.lowlevel.checkpoint_if_cancelled()
         self._seq += 1
-        spec = OpSpec(kind, self._seq, dtype_code, count, op_code, root, trailing, _WITHIN.get())
+        spec = OpSpec(kind, self._seq, *identity, _WITHIN.get())
         self._running = spec
         waits = self._waits.count
         try:

@@ -29,7 +29,7 @@ from .._onehost import _copies, _pipe
 from .._onehost._cma import data_address
 from .._onehost._shm import SHM_MAX_BYTES
 from .._onehost._shm_collectives import shm_done
-from .._wire import DTYPE_CODES
+from .._wire import DTYPE_CODES, NO_ROOT
 from ._checks import Refused, check_array, check_out
 from ._counts import bounds_of, checked_rows, parts_of
 from ._decision import allgather as decide, copy_unrunnable
@@ -67,13 +67,15 @@ def unrunnable(collective: str, name: str, world: World, block_nbytes: int) -> s
     return None
 
 
-def plan_allgather(world: World, forced: str | None, x: object, out: object) -> Plan[Any]:
+def plan_allgather(
+    world: World, forced: str | None, x: object, out: object
+) -> Plan[np.ndarray[Any, Any]]:
     """Everything allgather needs before any I/O: the checks, the step and the identity;
     or Refused."""
     flat, result, gathered = check(x, out, world.size, world.rank)
     if forced is not None and (why := unrunnable("allgather", forced, world, flat.nbytes)):
         raise Refused(why)
-    identity: Identity = {"dtype_code": DTYPE_CODES[flat.dtype], "count": flat.shape[0]}
+    identity: Identity = (DTYPE_CODES[flat.dtype], flat.shape[0], 0, NO_ROOT, None)
     return result, body(forced, world, flat, gathered), identity
 
 
@@ -87,11 +89,7 @@ def plan_allgatherv(
         raise Refused(why)
     parts: list[np.ndarray[Any, Any]] = []
     run = body_v(forced, world, flat, rows, trailing, gathered, parts)
-    identity: Identity = {
-        "dtype_code": DTYPE_CODES[flat.dtype],
-        "count": len(trailing) + 2,
-        "trailing": trailing,
-    }
+    identity: Identity = (DTYPE_CODES[flat.dtype], len(trailing) + 2, 0, NO_ROOT, trailing)
     return parts, run, identity
 
 

@@ -31,7 +31,7 @@ from .. import _algorithms
 from .._onehost import _copies, _pipe
 from .._onehost._shm import SHM_MAX_BYTES
 from .._onehost._shm_collectives import shm_done
-from .._wire import DTYPE_CODES
+from .._wire import DTYPE_CODES, NO_ROOT
 from . import _decision
 from ._checks import Refused, check_array, check_out
 from ._counts import bounds_of, describe, impossible_counts, mismatch, parts_of
@@ -110,7 +110,7 @@ def plan_alltoall(
             recvs = [received[i * block : (i + 1) * block] for i in range(n)]
             await _algorithms.pairwise_alltoall(world, spec, sends, recvs)
 
-    identity: Identity = {"dtype_code": DTYPE_CODES[flat.dtype], "count": total}
+    identity: Identity = (DTYPE_CODES[flat.dtype], total, 0, NO_ROOT, None)
     return result, run, identity
 
 
@@ -176,11 +176,7 @@ def plan_alltoallv(
     assert forced in (None, "pairwise"), forced  # "shm" is not forceable (see _decision)
     parts: list[np.ndarray[Any, Any]] = []
     body = _body_v(world, forced, flats, rows, trailing, out_flat, parts, problems)
-    identity: Identity = {
-        "dtype_code": DTYPE_CODES[flats[0].dtype],
-        "count": len(trailing) + 1,
-        "trailing": trailing,
-    }
+    identity: Identity = (DTYPE_CODES[flats[0].dtype], len(trailing) + 1, 0, NO_ROOT, trailing)
     return parts, body, identity
 
 

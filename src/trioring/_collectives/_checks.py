@@ -13,7 +13,7 @@ from .._wire import DTYPE_CODES
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
-    from typing import TypeAlias, TypedDict
+    from typing import TypeAlias
 
     from .._algorithms import World
     from .._wire import OpSpec
@@ -22,19 +22,15 @@ if TYPE_CHECKING:
     #: What a collective runs once its call has a sequence number, given that identity.
     Body: TypeAlias = Callable[[OpSpec], Awaitable[None]]
 
-    class Identity(TypedDict, total=False):
-        """The fields of a call's identity beyond its kind that every frame carries, and
-        the uneven calls' ``trailing`` shape, which names the call in errors (see OpSpec):
-        ``CommunicatorCore._run``'s keywords."""
+    #: The fields of a call's identity after its kind and sequence number, in OpSpec's
+    #: order: ``(dtype_code, count, op_code, root, trailing)``. Every frame carries the
+    #: first four; ``trailing``, the uneven calls' shape after the rows, names the call in
+    #: errors (see OpSpec). What ``CommunicatorCore._run`` takes. A tuple rather than a
+    #: dict of ``_run``'s keywords: see ``_run``.
+    Identity: TypeAlias = tuple[int, int, int, int, tuple[int, ...] | None]
 
-        dtype_code: int
-        count: int
-        op_code: int
-        root: int
-        trailing: tuple[int, ...]
-
-    #: What a family's planner gives the Communicator (``CommunicatorCore._execute``): the
-    #: result to return, the body, and the call's identity.
+    #: What a family's planner gives the Communicator's method: the result to return, the
+    #: body, and the call's identity (for ``CommunicatorCore._run``).
     Plan: TypeAlias = tuple[_R, Body, Identity]
 
 __all__ = ["Refused", "agree", "check_array", "check_out", "check_root"]

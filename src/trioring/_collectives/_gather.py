@@ -119,11 +119,7 @@ def plan_gather(
         else:
             await _algorithms.tree_gather(world, spec, flat, sizes, checked_root, gathered)
 
-    identity: Identity = {
-        "dtype_code": DTYPE_CODES[flat.dtype],
-        "count": count,
-        "root": checked_root,
-    }
+    identity: Identity = (DTYPE_CODES[flat.dtype], count, 0, checked_root, None)
     return result, agree_then_gather, identity
 
 
@@ -207,12 +203,7 @@ def plan_gatherv(
                 world, spec._replace(count=total), flat, sizes, checked_root, gathered
             )
 
-    identity: Identity = {
-        "dtype_code": DTYPE_CODES[dtype],
-        "count": len(trailing) + 2,
-        "root": checked_root,
-        "trailing": trailing,
-    }
+    identity: Identity = (DTYPE_CODES[dtype], len(trailing) + 2, 0, checked_root, trailing)
     return parts, exchange_then_gather, identity
 
 

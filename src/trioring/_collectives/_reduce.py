@@ -285,12 +285,7 @@ def plan_reduce_scatter(
     else:
         name = forced
     body = reduce_scatter_body(name, world, flat, bounds, result_flat, reduce_op)
-    identity: Identity = {
-        "dtype_code": DTYPE_CODES[flat.dtype],
-        "count": flat.shape[0],
-        "op_code": OP_CODES[reduce_op],
-        "root": code,
-    }
+    identity: Identity = (DTYPE_CODES[flat.dtype], flat.shape[0], OP_CODES[reduce_op], code, None)
     return result, body, identity
 
 
@@ -312,10 +307,11 @@ def plan_reduce(
     else:
         name = forced
     body = reduce_body(name, world, flat, checked_root, reduce_op)
-    identity: Identity = {
-        "dtype_code": DTYPE_CODES[flat.dtype],
-        "count": flat.shape[0],
-        "op_code": OP_CODES[reduce_op],
-        "root": checked_root,
-    }
+    identity: Identity = (
+        DTYPE_CODES[flat.dtype],
+        flat.shape[0],
+        OP_CODES[reduce_op],
+        checked_root,
+        None,
+    )
     return None, body, identity

@@ -102,10 +102,11 @@ def plan_scan(
     shm = world.shm is not None and world.size > 1
     name = forced if forced is not None else _decision.scan(flat.nbytes, shm)
     body = scan_body(name, world, flat, reduce_op, exclusive=collective == "exscan")
-    fields: Identity = {
-        "dtype_code": DTYPE_CODES[flat.dtype],
-        "count": flat.shape[0],
-        "op_code": OP_CODES[reduce_op],
-        "root": NO_ROOT,
-    }
-    return None, body, fields
+    identity: Identity = (
+        DTYPE_CODES[flat.dtype],
+        flat.shape[0],
+        OP_CODES[reduce_op],
+        NO_ROOT,
+        None,
+    )
+    return None, body, identity

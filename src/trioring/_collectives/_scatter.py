@@ -95,7 +95,7 @@ def plan_scatter(
             except Refused as exc:
                 raise Refused(f"out=: {exc}") from None
         body = _scatter_elsewhere(world, forced, checked_root, out, target, box)
-        return box, body, {"root": checked_root}
+        return box, body, (0, 0, 0, checked_root, None)
     # A list of blocks comes with their shapes; one array (None here) has equal rows.
     shapes: np.ndarray[Any, Any] | None = None
     fields: tuple[int, int, int, tuple[int, ...] | None]
@@ -173,7 +173,7 @@ def plan_scatter(
         if any_out:
             await _algorithms.barrier(world, spec)
 
-    return box, scatter_from_root, {"root": checked_root}
+    return box, scatter_from_root, (0, 0, 0, checked_root, None)
 
 
 def _own(parts: list[np.ndarray], shapes: np.ndarray | None, r: int, count: int) -> np.ndarray:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .._collectives import _allgather
+from .._collectives._checks import Refused
 from .._core import CommunicatorCore
 from .._wire import Kind
 
@@ -61,10 +62,14 @@ class AllgatherMethods(CommunicatorCore):
                 when ranks pass different dtypes or element counts.
         """
         kind = Kind.ALLGATHER
-        return await self._execute(
-            kind,
-            lambda: _allgather.plan_allgather(self._world, self._forced.get(kind.label), x, out),
-        )
+        try:
+            result, body, identity = _allgather.plan_allgather(
+                self._world, self._forced.get(kind.label), x, out
+            )
+        except Refused as exc:
+            raise self._invalid(kind, str(exc)) from None
+        await self._run(kind, body, identity)
+        return result
 
     async def allgatherv(
         self, x: np.ndarray[Any, Any], *, out: np.ndarray[Any, Any] | None = None
@@ -110,7 +115,11 @@ class AllgatherMethods(CommunicatorCore):
                 communicator is then broken, as for any mismatch).
         """
         kind = Kind.ALLGATHERV
-        return await self._execute(
-            kind,
-            lambda: _allgather.plan_allgatherv(self._world, self._forced.get(kind.label), x, out),
-        )
+        try:
+            result, body, identity = _allgather.plan_allgatherv(
+                self._world, self._forced.get(kind.label), x, out
+            )
+        except Refused as exc:
+            raise self._invalid(kind, str(exc)) from None
+        await self._run(kind, body, identity)
+        return result

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .._collectives import _alltoall
+from .._collectives._checks import Refused
 from .._core import CommunicatorCore
 from .._errors import InvalidArgumentError
 from .._wire import Kind
@@ -75,10 +76,14 @@ class AlltoallMethods(CommunicatorCore):
                 collective differs (and, relayed, on the others).
         """
         kind = Kind.ALLTOALL
-        return await self._execute(
-            kind,
-            lambda: _alltoall.plan_alltoall(self._world, self._forced.get(kind.label), x, out),
-        )
+        try:
+            result, body, identity = _alltoall.plan_alltoall(
+                self._world, self._forced.get(kind.label), x, out
+            )
+        except Refused as exc:
+            raise self._invalid(kind, str(exc)) from None
+        await self._run(kind, body, identity)
+        return result
 
     async def alltoallv(
         self,
@@ -135,12 +140,13 @@ class AlltoallMethods(CommunicatorCore):
         """
         kind = Kind.ALLTOALLV
         problems: list[str] = []
-        parts = await self._execute(
-            kind,
-            lambda: _alltoall.plan_alltoallv(
+        try:
+            parts, body, identity = _alltoall.plan_alltoallv(
                 self._world, self._forced.get(kind.label), xs, out, problems
-            ),
-        )
+            )
+        except Refused as exc:
+            raise self._invalid(kind, str(exc)) from None
+        await self._run(kind, body, identity)
         if problems:
             seq = self._seq
             raise InvalidArgumentError(

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .._collectives import _gather, _scatter
+from .._collectives._checks import Refused
 from .._core import CommunicatorCore
 from .._wire import Kind
 
@@ -85,10 +86,14 @@ class GatherMethods(CommunicatorCore):
                 one of them runs another collective.
         """
         kind = Kind.GATHER
-        return await self._execute(
-            kind,
-            lambda: _gather.plan_gather(self._world, self._forced.get(kind.label), x, root, out),
-        )
+        try:
+            result, body, identity = _gather.plan_gather(
+                self._world, self._forced.get(kind.label), x, root, out
+            )
+        except Refused as exc:
+            raise self._invalid(kind, str(exc)) from None
+        await self._run(kind, body, identity)
+        return result
 
     async def gatherv(
         self,
@@ -140,10 +145,14 @@ class GatherMethods(CommunicatorCore):
                 (the communicator is then broken, as for any mismatch).
         """
         kind = Kind.GATHERV
-        return await self._execute(
-            kind,
-            lambda: _gather.plan_gatherv(self._world, self._forced.get(kind.label), x, root, out),
-        )
+        try:
+            result, body, identity = _gather.plan_gatherv(
+                self._world, self._forced.get(kind.label), x, root, out
+            )
+        except Refused as exc:
+            raise self._invalid(kind, str(exc)) from None
+        await self._run(kind, body, identity)
+        return result
 
     async def scatter(
         self,
@@ -233,12 +242,13 @@ class GatherMethods(CommunicatorCore):
                 a rank runs another collective.
         """
         kind = Kind.SCATTER
-        box = await self._execute(
-            kind,
-            lambda: _scatter.plan_scatter(
+        try:
+            box, body, identity = _scatter.plan_scatter(
                 self._world, self._forced.get(kind.label), blocks, root, out, uneven=False
-            ),
-        )
+            )
+        except Refused as exc:
+            raise self._invalid(kind, str(exc)) from None
+        await self._run(kind, body, identity)
         return box[0]
 
     async def scatterv(
@@ -263,10 +273,11 @@ class GatherMethods(CommunicatorCore):
             CollectiveError: see :meth:`scatter`.
         """
         kind = Kind.SCATTERV
-        box = await self._execute(
-            kind,
-            lambda: _scatter.plan_scatter(
+        try:
+            box, body, identity = _scatter.plan_scatter(
                 self._world, self._forced.get(kind.label), blocks, root, out, uneven=True
-            ),
-        )
+            )
+        except Refused as exc:
+            raise self._invalid(kind, str(exc)) from None
+        await self._run(kind, body, identity)
         return box[0]

@@ -17,7 +17,7 @@ from .._concurrency import run_concurrently
 from .._core import CommunicatorCore
 from .._errors import CollectiveError, RendezvousError
 from .._onehost import _agree
-from .._wire import DTYPE_CODES, Kind
+from .._wire import DTYPE_CODES, NO_ROOT, Kind
 
 if TYPE_CHECKING:
     from collections.abc import AsyncIterator, Awaitable, Callable
@@ -116,7 +116,7 @@ class GroupMethods(CommunicatorCore):
             ranks = [r for _, r in order]
             made.append(await self._connect_child(spec, kind, int(color), ranks))
 
-        await self._run(kind, body, dtype_code=DTYPE_CODES[_INT64], count=2)
+        await self._run(kind, body, (DTYPE_CODES[_INT64], 2, 0, NO_ROOT, None))
         return made[0] if made else None
 
     async def _connect_child(self, spec: OpSpec, kind: Kind, color: int, ranks: list[int]) -> Any:

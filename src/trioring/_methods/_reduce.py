@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .._collectives import _reduce
+from .._collectives._checks import Refused
 from .._core import CommunicatorCore
 from .._errors import CollectiveMismatchError
 from .._wire import Kind
@@ -76,12 +77,14 @@ class ReduceMethods(CommunicatorCore):
                 raise :class:`~trioring.CollectiveMismatchError`.
         """
         kind = Kind.REDUCE_SCATTER
-        return await self._execute(
-            kind,
-            lambda: _reduce.plan_reduce_scatter(
+        try:
+            result, body, identity = _reduce.plan_reduce_scatter(
                 kind.label, self._world, self._forced.get(kind.label), array, op, out
-            ),
-        )
+            )
+        except Refused as exc:
+            raise self._invalid(kind, str(exc)) from None
+        await self._run(kind, body, identity)
+        return result
 
     async def reduce_scatterv(
         self,
@@ -110,12 +113,13 @@ class ReduceMethods(CommunicatorCore):
         """
         kind = Kind.REDUCE_SCATTERV
         try:
-            return await self._execute(
-                kind,
-                lambda: _reduce.plan_reduce_scatter(
-                    kind.label, self._world, self._forced.get(kind.label), array, op, out, counts
-                ),
+            result, body, identity = _reduce.plan_reduce_scatter(
+                kind.label, self._world, self._forced.get(kind.label), array, op, out, counts
             )
+        except Refused as exc:
+            raise self._invalid(kind, str(exc)) from None
+        try:
+            await self._run(kind, body, identity)
         except CollectiveMismatchError as exc:
             # The frames carry only a CRC of the counts; each rank's own, side by side in
             # the ranks' logs, say which differ. (Counts that were refused never got here.)
@@ -124,6 +128,7 @@ class ReduceMethods(CommunicatorCore):
                 f"rank {self._rank}'s counts: {listed} (#{_reduce.counts_code(listed):08x})"
             )
             raise
+        return result
 
     async def reduce(
         self, array: np.ndarray[Any, Any], *, root: int = 0, op: ReduceOp | str = "sum"
@@ -185,7 +190,10 @@ class ReduceMethods(CommunicatorCore):
             CollectiveError: see :meth:`allreduce`.
         """
         kind = Kind.REDUCE
-        await self._execute(
-            kind,
-            lambda: _reduce.plan_reduce(self._world, self._forced.get(kind.label), array, op, root),
-        )
+        try:
+            _, body, identity = _reduce.plan_reduce(
+                self._world, self._forced.get(kind.label), array, op, root
+            )
+        except Refused as exc:
+            raise self._invalid(kind, str(exc)) from None
+        await self._run(kind, body, identity)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .._collectives import _scan
+from .._collectives._checks import Refused
 from .._core import CommunicatorCore
 from .._wire import Kind
 
@@ -76,12 +77,13 @@ class ScanMethods(CommunicatorCore):
             CollectiveError: see :meth:`allreduce`.
         """
         kind = Kind.SCAN
-        await self._execute(
-            kind,
-            lambda: _scan.plan_scan(
+        try:
+            _, body, identity = _scan.plan_scan(
                 kind.label, self._world, self._forced.get(kind.label), array, op
-            ),
-        )
+            )
+        except Refused as exc:
+            raise self._invalid(kind, str(exc)) from None
+        await self._run(kind, body, identity)
 
     async def exscan(self, array: np.ndarray[Any, Any], *, op: ReduceOp | str = "sum") -> None:
         """Exclusive prefix reduction, in place: on return, rank ``i``'s ``array`` holds the
@@ -109,9 +111,10 @@ class ScanMethods(CommunicatorCore):
             CollectiveError: see :meth:`allreduce`.
         """
         kind = Kind.EXSCAN
-        await self._execute(
-            kind,
-            lambda: _scan.plan_scan(
+        try:
+            _, body, identity = _scan.plan_scan(
                 kind.label, self._world, self._forced.get(kind.label), array, op
-            ),
-        )
+            )
+        except Refused as exc:
+            raise self._invalid(kind, str(exc)) from None
+        await self._run(kind, body, identity)
