@@ -36,7 +36,7 @@ import trio
 import trioring
 from trioring._collectives import _allreduce
 from trioring._onehost import _shm_collectives as shm, _shm_reductions
-from trioring._wire import DTYPE_CODES, Kind, OpSpec
+from trioring._wire import DTYPE_CODES, NO_ROOT, Kind, OpSpec
 
 
 async def main(size: int, calls: int) -> None:
@@ -55,7 +55,7 @@ async def main(size: int, calls: int) -> None:
         async def run() -> None:
             for _ in range(calls):
                 body = _allreduce.body("shm", world, x, np.add, False)
-                await comm._run(Kind.ALLREDUCE, body, dtype_code=code, count=size, op_code=1)
+                await comm._run(Kind.ALLREDUCE, body, (code, size, 1, NO_ROOT, None))
 
         async def algo() -> None:
             for _ in range(calls):
