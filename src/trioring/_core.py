@@ -302,10 +302,12 @@ class CommunicatorCore:
 
         The methods call their planner and this directly, with the identity as one tuple:
         through a helper coroutine that called a planner in a lambda and passed its
-        identity as a dict of keywords, a reduce took 1-2 us longer (bench/paired.py -n 2
-        --collective reduce, four launches each, alternating: 64 KiB 23.3-24.5 us against
-        21.8-22.3, 4 bytes 17.3-19.4 against 15.8-17.1), as it does from the caches the
-        benchmark's calls leave."""
+        identity as a dict of keywords, a reduce took 1-2 us longer, from the caches the
+        benchmark's calls leave (bench/paired.py -n 2 --sizes 4,64K --collective reduce,
+        four launches each, alternating, trioring's median: 64 KiB 24.0-25.4 us against
+        22.1-23.2, 4 bytes 18.6-20.6 against 17.6-18.0 and once 26.1); through a plain
+        function that called the planner (and passed the identity on as ``*identity``),
+        64 KiB 23.1-23.5 against 23.7-24.6 (and 21.9-23.1 with no helper)."""
         self._check_usable(kind)
         # An already-cancelled caller gets Cancelled here, before any I/O, so the communicator
         # stays usable.
