@@ -176,10 +176,13 @@ def open_over(comm: Any) -> Segment:
     return Segment(mapping, r, n)
 
 
-def _sum_rows(rows: np.ndarray, out: np.ndarray) -> None:
-    """``out`` = the sum of the (at least two) ``rows``, one numpy call per row."""
-    np.add(rows[0], rows[1], out=out)
-    for q in range(2, rows.shape[0]):
+def _sum_rows(mine: np.ndarray, rows: np.ndarray, r: int, out: np.ndarray) -> None:
+    """``out`` = ``mine`` (this rank's values, read where they lie, as trioring's
+    reductions read them, not back from its slot) plus every other row of ``rows``, one
+    numpy call per row (``out`` may be ``mine``)."""
+    peers = [q for q in range(rows.shape[0]) if q != r]
+    np.add(mine, rows[peers[0]], out=out)
+    for q in peers[1:]:
         np.add(out, rows[q], out=out)
 
 
@@ -221,7 +224,7 @@ def prepare(
                 p = start()
                 mine[p][...] = array
                 yield
-                _sum_rows(everyone[p], array)
+                _sum_rows(array, everyone[p], r, array)
 
             return refill, allreduce, lambda: bool(np.all(array == total))
         if collective == "broadcast":
@@ -300,15 +303,19 @@ def prepare(
 
         return (lambda: received.fill(0)), scatter, lambda: bool(np.all(received == r + 1))
     if collective == "reduce_scatter":
+        # Only the blocks the peers read go into the slot, as trioring's.
         x, out = np.full(n * k, r + 1, np.float32), np.empty(k, np.float32)
-        mine = [slots[p, r, : n * k] for p in (0, 1)]
+        below, above, block = x[: r * k], x[(r + 1) * k :], x[r * k : (r + 1) * k]
+        lower = [slots[p, r, : r * k] for p in (0, 1)]
+        upper = [slots[p, r, (r + 1) * k : n * k] for p in (0, 1)]
         own = [slots[p, :, r * k : (r + 1) * k] for p in (0, 1)]
 
         def reduce_scatter() -> Iterator[None]:
             p = start()
-            mine[p][...] = x
+            lower[p][...] = below
+            upper[p][...] = above
             yield
-            _sum_rows(own[p], out)
+            _sum_rows(block, own[p], r, out)
 
         return (lambda: out.fill(0)), reduce_scatter, lambda: bool(np.all(out == total))
     if collective == "alltoall":

@@ -109,12 +109,11 @@ def test_plan_never_works_in_place_and_reads_every_row_once(n: int) -> None:
 
 @pytest.mark.parametrize("n", WORLD_SIZES)
 @pytest.mark.parametrize(("dtype", "ufunc"), [("float32", np.add), ("float64", np.multiply)])
-def test_a_reduce_root_reads_its_own_array_where_it_lies(
-    n: int, dtype: str, ufunc: np.ufunc
-) -> None:
-    """A reduce's root (any rank) leaves its slot row unwritten and gives its own array as
-    both its leaf and the result: the plan never reads that row, and the result is bitwise
-    the allreduce's, where the leaf meets the top of the tree in place included."""
+def test_a_rank_reads_its_own_array_where_it_lies(n: int, dtype: str, ufunc: np.ufunc) -> None:
+    """A reduce's root (any rank) leaves its slot row unwritten, and every rank of an
+    allreduce leaves its row unread; each gives its own array as both its leaf and the
+    result: the plan never reads that row, and the result is bitwise the plan's from the
+    rows alone, where the leaf meets the top of the tree in place included."""
     rows = inputs(n, 1000, dtype)
     expected = planned(rows, ufunc).tobytes()
     for own in range(n):

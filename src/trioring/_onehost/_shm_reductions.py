@@ -58,9 +58,11 @@ def _reduce_plan(world: World, rows: np.ndarray, own: int = -1) -> ReducePlan:
     level: the tree whose result the socket path's every rank ends with. Evaluated depth
     first, each node's halves into the two scratch arrays of the level below it, so it
     needs :func:`reduce_temporaries` arrays of scratch rather than a whole level's worth.
-    No step works in place: numpy's in-place loop for one complex element rounds
-    differently from its out-of-place one (seen with complex64 products), and the socket
-    path never reduces one element in place."""
+    No step works in place but where the caller's own input (``own``) is also its output
+    (:func:`shm_allreduce`, :func:`shm_reduce`'s root), and never for complex dtypes or
+    one element: numpy's in-place loop for one complex element rounds differently from its
+    out-of-place one (seen with complex64 products), and the socket path never reduces one
+    element in place."""
     n, count = rows.shape
     nbytes = count * rows.dtype.itemsize
     p = 1 << (n.bit_length() - 1)
@@ -102,9 +104,23 @@ async def shm_allreduce(
     """Allreduce through the shared segment: every rank publishes its array, then reduces
     all of them in recursive doubling's order (see :func:`_reduce_plan`), so the result is
     bitwise identical on every rank, and to the socket path's. Needs
-    :func:`reduce_temporaries` arrays' worth of scratch."""
+    :func:`reduce_temporaries` arrays' worth of scratch.
+
+    Each rank reads its own values from ``flat``, where they lie, not back from its slot
+    (in the same place among the operands, so the order of operations is every rank's),
+    except for complex dtypes (see :func:`shm_reduce`) and one element (numpy reduces one
+    element in place through a buffered loop, at 3x the cost). Its slot's lines, once a
+    peer has read them, no longer come from its own cache at full speed: two processes
+    that copy 256 KiB into their slots and then reduce both took 27 us for the reduction
+    reading both slots and 14.4 reading their own values from their arrays (5.0-6.0 and
+    4.1-4.3 at 64 KiB). At world 2 in the same ranks as Open MPI (``bench/paired.py -n 2
+    --collective allreduce``, three launches each, alternating with the code before,
+    trioring's median): 256 KiB 46.9-49.4 us against 54.4-55.5, 64 KiB 27.3-28.9 against
+    29.8-31.8, 4 KiB the same; at worlds 3 and 4 on 2 cores within the spread."""
     parity, rows = await shm_exchange(world, spec, flat)
-    _reduce_rows(world, (parity, flat.dtype, 0, flat.shape[0], -1), rows, flat, reduce, divide)
+    count = flat.shape[0]
+    own = world.rank if count > 1 and flat.dtype.kind != "c" else -1
+    _reduce_rows(world, (parity, flat.dtype, 0, count, own), rows, flat, reduce, divide, flat)
     shm_done(world, spec)
 
 
