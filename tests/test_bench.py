@@ -213,6 +213,31 @@ def test_phases_script_runs(collective: str) -> None:
         assert all(f" {phase} " in lines[0] for phase in ("before", "expose", "read", "finish"))
 
 
+def test_slot_lines_script_runs() -> None:
+    """bench/slot_lines.py, briefly: its two forked processes check every reduction (a wrong
+    one, or a peer that stalls, exits non-zero) and it reports every measurement per size.
+    Its own session, so that its forked rank goes down with it if it overruns."""
+    script = Path(__file__).resolve().parents[1] / "bench" / "slot_lines.py"
+    process = subprocess.Popen(
+        [sys.executable, str(script), "--kib", "1,64", "--rounds", "40"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        stdout, stderr = process.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        pytest.fail(f"bench/slot_lines.py overran:\n{stdout}{stderr}")
+    assert process.returncode == 0, stdout + stderr
+    lines = stdout.splitlines()
+    assert [line.split(",")[0] for line in lines] == ["1 KiB", "64 KiB"], stdout
+    for name in ("copy into the slot", "copy into unread memory", "slots", "array"):
+        assert all(f" {name} " in line for line in lines), stdout
+
+
 @pytest.mark.parametrize("ranks", [2, 3, 4])
 def test_floor_worker_results(ranks: int) -> None:
     """bench/_floor_worker.py, the floor that bench/paired.py times beside trioring and Open

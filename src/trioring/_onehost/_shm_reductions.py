@@ -110,10 +110,12 @@ async def shm_allreduce(
     (in the same place among the operands, so the order of operations is every rank's),
     except for complex dtypes (see :func:`shm_reduce`) and one element (numpy reduces one
     element in place through a buffered loop, at 3x the cost). Its slot's lines, once a
-    peer has read them, no longer come from its own cache at full speed: two processes
-    that copy 256 KiB into their slots and then reduce both took 27 us for the reduction
-    reading both slots and 14.4 reading their own values from their arrays (5.0-6.0 and
-    4.1-4.3 at 64 KiB). At world 2 in the same ranks as Open MPI (``bench/paired.py -n 2
+    peer has read them, come back from the peer's core as slowly as the peer's own slot
+    does: in ``bench/slot_lines.py`` (two processes, numpy and a shared mapping, nothing
+    else) the reduction of 256 KiB at world 2 took 27.2 us reading both slots and 14.4-14.5
+    reading the rank's own values from its array (64 KiB: 6.8-6.9 and 4.1). In trioring's
+    64 KiB allreduce at world 2 (phase timers on both ranks) the reduction went from 10.6 us
+    to 6.9. At world 2 in the same ranks as Open MPI (``bench/paired.py -n 2
     --collective allreduce``, three launches each, alternating with the code before,
     trioring's median): 256 KiB 46.9-49.4 us against 54.4-55.5, 64 KiB 27.3-28.9 against
     29.8-31.8, 4 KiB the same; at worlds 3 and 4 on 2 cores within the spread."""
