@@ -213,25 +213,32 @@ def test_phases_script_runs(collective: str) -> None:
         assert all(f" {phase} " in lines[0] for phase in ("before", "expose", "read", "finish"))
 
 
-def test_slot_lines_script_runs() -> None:
-    """bench/slot_lines.py, briefly: its two forked processes check every reduction (a wrong
-    one, or a peer that stalls, exits non-zero) and it reports every measurement per size.
-    Its own session, so that its forked rank goes down with it if it overruns."""
-    script = Path(__file__).resolve().parents[1] / "bench" / "slot_lines.py"
+def _run_forking_script(name: str, *args: str, timeout: float) -> str:
+    """``bench/<name>``, a script that forks its ranks itself; its output, once it has
+    exited 0. In its own session, so that if it overruns, its forked ranks (which poll for
+    a peer that never comes) go down with it."""
+    script = Path(__file__).resolve().parents[1] / "bench" / name
     process = subprocess.Popen(
-        [sys.executable, str(script), "--kib", "1,64", "--rounds", "40"],
+        [sys.executable, str(script), *args],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
     )
     try:
-        stdout, stderr = process.communicate(timeout=60)
+        stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(process.pid, signal.SIGKILL)
         stdout, stderr = process.communicate()
-        pytest.fail(f"bench/slot_lines.py overran:\n{stdout}{stderr}")
+        pytest.fail(f"bench/{name} overran its deadline:\n{stdout}{stderr}")
     assert process.returncode == 0, stdout + stderr
+    return stdout
+
+
+def test_slot_lines_script_runs() -> None:
+    """bench/slot_lines.py, briefly: its two forked processes check every reduction (a wrong
+    one, or a peer that stalls, exits non-zero) and it reports every measurement per size."""
+    stdout = _run_forking_script("slot_lines.py", "--kib", "1,64", "--rounds", "40", timeout=60)
     lines = stdout.splitlines()
     assert [line.split(",")[0] for line in lines] == ["1 KiB", "64 KiB"], stdout
     for name in ("copy into the slot", "copy into unread memory", "slots", "array"):
@@ -246,23 +253,9 @@ def test_floor_worker_results(ranks: int) -> None:
     single copies (odd counts, one across its reductions' chunks), back to back, both as
     plain calls and as Trio calls with their schedule point (paired.py's fourth side), and
     it fails on any wrong result or a rank that does not finish."""
-    script = Path(__file__).resolve().parents[1] / "bench" / "_floor_worker.py"
-    # Its own session, so that if the script itself overruns, its forked ranks (which poll
-    # forever for a peer that never comes) go down with it.
-    process = subprocess.Popen(
-        [sys.executable, str(script), "--check", str(ranks), "--seconds", "30"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
+    stdout = _run_forking_script(
+        "_floor_worker.py", "--check", str(ranks), "--seconds", "30", timeout=45
     )
-    try:
-        stdout, stderr = process.communicate(timeout=45)
-    except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
-        stdout, stderr = process.communicate()
-        pytest.fail(f"the floor's self-check overran its own deadline:\n{stdout}{stderr}")
-    assert process.returncode == 0, stdout + stderr
     assert f"world {ranks}: every result right" in stdout, stdout
     # Forked siblings may read each other's memory unless Yama says otherwise.
     scope = Path("/proc/sys/kernel/yama/ptrace_scope")
