@@ -59,10 +59,10 @@ def _reduce_plan(world: World, rows: np.ndarray, own: int = -1) -> ReducePlan:
     first, each node's halves into the two scratch arrays of the level below it, so it
     needs :func:`reduce_temporaries` arrays of scratch rather than a whole level's worth.
     No step works in place but where the caller's own input (``own``) is also its output
-    (:func:`shm_allreduce`, :func:`shm_reduce`'s root), and never for complex dtypes or
-    one element: numpy's in-place loop for one complex element rounds differently from its
-    out-of-place one (seen with complex64 products), and the socket path never reduces one
-    element in place."""
+    (:func:`shm_allreduce` above one element, :func:`shm_reduce`'s root), and never for
+    complex dtypes: numpy's in-place loop for one complex element rounds differently from
+    its out-of-place one (seen with complex64 products); for real and integer dtypes it
+    rounds each element the same either way."""
     n, count = rows.shape
     nbytes = count * rows.dtype.itemsize
     p = 1 << (n.bit_length() - 1)
