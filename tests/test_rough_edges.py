@@ -7,7 +7,10 @@ failed before its fix.
 * trioring called from asyncio says so instead of failing inside Trio;
 * two ``open_communicator()`` calls at once for one rank fail at once, on every rank;
 * under ``trioring run``, errors that only echo another rank's failure print one line (the
-  launcher's own side of this, and OMP_NUM_THREADS, are in test_launcher.py).
+  launcher's own side of this, and OMP_NUM_THREADS, are in test_launcher.py);
+* ``await comm.split(...)`` (and the other async context managers, awaited or entered with
+  a plain ``with``) says to write ``async with``, where Python's message named only
+  contextlib's class.
 
 Processes are bounded: every launcher runs in a session of its own and is killed with its
 whole process group if it outlives its deadline.
@@ -184,6 +187,56 @@ def test_open_communicator_without_any_event_loop_says_so() -> None:
     opening = trioring.open_communicator(rank=0, world_size=1).__aenter__()
     with pytest.raises(trioring.ConfigurationError, match=r"was called outside trio\.run"):
         opening.send(None)
+
+
+# -- 6. a context manager awaited, or entered with a plain `with` -----------------------------
+
+
+async def test_open_communicator_awaited_says_to_use_async_with() -> None:
+    # Python's own message named only contextlib's _AsyncGeneratorContextManager.
+    with pytest.raises(
+        TypeError,
+        match=r"^trioring\.open_communicator\(\) is an async context manager and cannot be "
+        r"awaited: write 'async with trioring\.open_communicator\(\) as \.\.\.:'$",
+    ):
+        await trioring.open_communicator(rank=0, world_size=1, transport="tcp")  # type: ignore[misc]
+    with (
+        pytest.raises(TypeError, match=r"cannot be used with a plain 'with': write 'async with"),
+        trioring.open_communicator(rank=0, world_size=1, transport="tcp"),  # type: ignore[attr-defined]
+    ):
+        pass  # pragma: no cover - must not get here
+    with pytest.raises(TypeError, match=r"^trioring\.testing\.open_local_world\(\.\.\.\) is an"):
+        await open_local_world(2)  # type: ignore[misc]
+    # Nothing was opened: no open is in progress for rank 0, and it opens now.
+    with trio.fail_after(10):
+        async with trioring.open_communicator(rank=0, world_size=1, transport="tcp") as comm:
+            await comm.barrier()
+
+
+async def test_split_and_dup_awaited_say_to_use_async_with() -> None:
+    with trio.fail_after(10):
+        async with open_local_world(2) as comms:
+
+            async def rank_code(comm: trioring.Communicator) -> None:
+                with pytest.raises(
+                    TypeError,
+                    match=r"^comm\.split\(color=\.\.\.\) is an async context manager and "
+                    r"cannot be awaited: write 'async with comm\.split\(color=\.\.\.\) as",
+                ):
+                    await comm.split(color=0)  # type: ignore[misc]
+                with pytest.raises(TypeError, match=r"^comm\.dup\(\) is an async context manager"):
+                    await comm.dup()  # type: ignore[misc]
+                # Neither started the collective: the next call is #1 on every rank, and
+                # the real split works.
+                await comm.barrier()
+                assert comm._seq == 1
+                async with comm.split(color=comm.rank) as sub:
+                    assert sub is not None
+                    assert sub.world_size == 1
+
+            async with trio.open_nursery() as nursery:
+                for comm in comms:
+                    nursery.start_soon(rank_code, comm)
 
 
 # -- 3. two open_communicator() calls at once -------------------------------------------------

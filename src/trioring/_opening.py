@@ -17,6 +17,7 @@ from ._family import Family
 from ._onehost import _agree as onehost_agree
 from ._p2p import Endpoint
 from ._rendezvous import connect_world
+from ._util import async_context_only
 from .transports import TcpTransport, Transport, TransportContext, UnixTransport
 
 if TYPE_CHECKING:
@@ -182,6 +183,7 @@ def _opening_key(config: _config.Config) -> _OpeningKey:
     )
 
 
+@async_context_only("trioring.open_communicator()")
 @asynccontextmanager
 async def open_communicator(
     *,

@@ -14,6 +14,7 @@ from ._concurrency import run_concurrently
 from ._config import Config
 from ._errors import ConfigurationError
 from ._opening import create_communicator, require_trio
+from ._util import async_context_only
 from .transports import MemoryTransport, TransportContext
 
 if TYPE_CHECKING:
@@ -24,6 +25,7 @@ __all__ = ["open_local_world"]
 _WORLDS = itertools.count()
 
 
+@async_context_only("trioring.testing.open_local_world(...)")
 @asynccontextmanager
 async def open_local_world(
     world_size: int,

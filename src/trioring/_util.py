@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any, NoReturn, ParamSpec, TypeVar, final
 
 import numpy as np
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+    from types import TracebackType
+
     from .transports import Connection
 
 T = TypeVar("T")
+P = ParamSpec("P")
 
 
 async def recv_exactly(connection: Connection, size: int) -> bytearray:
@@ -39,6 +45,68 @@ class NoPublicConstructor(type):
 
     def _create(cls: type[T], *args: Any, **kwargs: Any) -> T:
         return super().__call__(*args, **kwargs)  # type: ignore[misc, no-any-return]
+
+
+@final
+class AsyncContextOnly(AbstractAsyncContextManager[T]):
+    """An async context manager (``manager``) that, awaited or entered with a plain
+    ``with``, says how it is used. Python's own TypeError names only contextlib's class:
+    ``object _AsyncGeneratorContextManager can't be used in 'await' expression``, for
+    ``await comm.split(color=0)``, a mistake the docs' readers made. Nothing has run when
+    it raises: the manager's body starts only in ``__aenter__``."""
+
+    __slots__ = ("_manager", "_usage")
+
+    def __init__(self, manager: AbstractAsyncContextManager[T], usage: str) -> None:
+        self._manager = manager
+        self._usage = usage
+
+    async def __aenter__(self) -> T:
+        return await self._manager.__aenter__()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc_value: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool | None:
+        return await self._manager.__aexit__(exc_type, exc_value, traceback)
+
+    def __await__(self) -> NoReturn:
+        raise TypeError(self._misuse("awaited"))
+
+    def __enter__(self) -> NoReturn:
+        raise TypeError(self._misuse("used with a plain 'with'"))
+
+    def __exit__(self, *exc_info: object) -> None:
+        """Never reached (``__enter__`` raises); Python looks for it before it calls
+        ``__enter__``."""
+
+    def _misuse(self, how: str) -> str:
+        return (
+            f"{self._usage} is an async context manager and cannot be {how}: write "
+            f"'async with {self._usage} as ...:'"
+        )
+
+
+def async_context_only(
+    usage: str,
+) -> Callable[
+    [Callable[P, AbstractAsyncContextManager[T]]], Callable[P, AbstractAsyncContextManager[T]]
+]:
+    """Make the async context managers that ``function`` returns say how they are used if
+    awaited (see :class:`AsyncContextOnly`); ``usage`` is the call as users write it."""
+
+    def decorate(
+        function: Callable[P, AbstractAsyncContextManager[T]],
+    ) -> Callable[P, AbstractAsyncContextManager[T]]:
+        @functools.wraps(function)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> AbstractAsyncContextManager[T]:
+            return AsyncContextOnly(function(*args, **kwargs), usage)
+
+        return wrapper
+
+    return decorate
 
 
 try:  # numpy >= 2: the floating-point error state is one context variable

@@ -17,6 +17,7 @@ from .._concurrency import run_concurrently
 from .._core import CommunicatorCore
 from .._errors import CollectiveError, RendezvousError
 from .._onehost import _agree
+from .._util import AsyncContextOnly
 from .._wire import DTYPE_CODES, NO_ROOT, Kind
 
 if TYPE_CHECKING:
@@ -67,13 +68,13 @@ class GroupMethods(CommunicatorCore):
             CollectiveError: the split failed (a member died, a connection could not be
                 made); this communicator is broken, as after any failed collective.
         """
-        return self._child(Kind.SPLIT, color, key)
+        return AsyncContextOnly(self._child(Kind.SPLIT, color, key), "comm.split(color=...)")
 
     def dup(self) -> AbstractAsyncContextManager[Communicator]:
         """A new communicator of the same ranks (``async with comm.dup() as side:``), for
         running collectives concurrently with this one from another task. Collective, as
         :meth:`split` (it is ``split(color=0)`` with the same costs and rules)."""
-        return self._child(Kind.DUP, 0, None)
+        return AsyncContextOnly(self._child(Kind.DUP, 0, None), "comm.dup()")
 
     @asynccontextmanager
     async def _child(self, kind: Kind, color: int | None, key: int | None) -> AsyncIterator[Any]:
