@@ -52,8 +52,8 @@ class AsyncContextOnly(AbstractAsyncContextManager[T]):
     """An async context manager (``manager``) that, awaited or entered with a plain
     ``with``, says how it is used. Python's own TypeError names only contextlib's class:
     ``object _AsyncGeneratorContextManager can't be used in 'await' expression``, for
-    ``await comm.split(color=0)``, a mistake the docs' readers made. Nothing has run when
-    it raises: the manager's body starts only in ``__aenter__``."""
+    ``await comm.split(color=0)``, a mistake made in a program written from the docs.
+    Nothing has run when it raises: the manager's body starts only in ``__aenter__``."""
 
     __slots__ = ("_manager", "_usage")
 
