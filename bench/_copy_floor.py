@@ -39,7 +39,7 @@ import numpy as np
 from _harness import exchanged, rows
 
 from trioring._onehost._cma import read_into
-from trioring._onehost._cma_collectives import _REDUCE_STEP_BYTES
+from trioring._onehost._cma_reductions import _REDUCE_STEP_BYTES
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -49,7 +49,7 @@ if TYPE_CHECKING:
 #: The smallest call (paired.py's size) this floor runs: above bench/_floor_worker.py's.
 MIN_BYTES = 256 * 1024 + 1
 #: Reductions read a peer's block through a scratch buffer of this size, trioring's own
-#: piece (_cma_collectives._REDUCE_STEP_BYTES, the fastest of 128 KiB to 1 MiB here), so
+#: piece (_cma_reductions._REDUCE_STEP_BYTES, the fastest of 128 KiB to 1 MiB here), so
 #: that the reduction finds what it reads in the cache.
 CHUNK_BYTES = _REDUCE_STEP_BYTES
 

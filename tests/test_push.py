@@ -143,7 +143,7 @@ def test_a_reduce_by_cross_memory_attach_gives_its_root_the_larger_segment(n: in
     order, and the root's (which writes nothing into a peer) is ``1 + 1 / (2 (n - 1))``
     times another's, to an element; an allreduce's are equal shares. Every rank works them
     out alone, so this is all that keeps their reads and writes apart."""
-    from trioring._onehost._cma_collectives import _segment_bounds
+    from trioring._onehost._cma_reductions import _segment_bounds
 
     for total in (0, 1, n - 1, n, 1001, 1 << 20):
         assert _segment_bounds(total, n, None) == [q * total // n for q in range(n + 1)]

@@ -26,7 +26,13 @@ import trio
 
 import trioring
 from trioring._collectives import _decision
-from trioring._onehost import _cma_collectives, _pipe, _shm_collectives, _shm_reductions
+from trioring._onehost import (
+    _cma_collectives,
+    _cma_reductions,
+    _pipe,
+    _shm_collectives,
+    _shm_reductions,
+)
 from trioring._onehost._shm import PIPE_CHUNK_BYTES, PIPE_CHUNKS, SLOT_PAYLOAD_BYTES
 
 CALLS: dict[str, int] = {}
@@ -39,8 +45,8 @@ def count_calls(module: Any, name: str) -> None:
 count_calls(_shm_reductions, "shm_allreduce")
 for _name in ("shm_broadcast", "shm_barrier"):
     count_calls(_shm_collectives, _name)
-for _name in ("cma_allreduce", "cma_broadcast"):
-    count_calls(_cma_collectives, _name)
+count_calls(_cma_reductions, "cma_allreduce")
+count_calls(_cma_collectives, "cma_broadcast")
 count_calls(_pipe, "pipe_broadcast")
 count_calls(_pipe, "pipe_allreduce")
 count_calls(_shm_collectives, "_broadcast_pieces")

@@ -52,14 +52,14 @@ import numpy as np
 import trio
 
 import trioring
-from trioring._onehost import _cma, _cma_collectives, _pipe, _push, _shm
+from trioring._onehost import _cma, _cma_collectives, _cma_reductions, _pipe, _push, _shm
 
 CALLS: dict[str, int] = {}
 _worker_util.count_calls(CALLS, _push, "push_into")
 _worker_util.count_calls(CALLS, _push, "pushed")
 _worker_util.count_calls(CALLS, _cma_collectives, "cma_broadcast")
-_worker_util.count_calls(CALLS, _cma_collectives, "_reduce_pushed")
-_worker_util.count_calls(CALLS, _cma_collectives, "_reduce_segments")
+_worker_util.count_calls(CALLS, _cma_reductions, "_reduce_pushed")
+_worker_util.count_calls(CALLS, _cma_reductions, "_reduce_segments")
 _worker_util.count_calls(CALLS, _pipe, "pipe_broadcast")
 
 WRITES = {"count": 0}

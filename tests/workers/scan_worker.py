@@ -36,7 +36,7 @@ import trio
 import trioring
 from trioring import _algorithms
 from trioring._collectives import _decision
-from trioring._onehost import _cma_collectives, _shm_reductions
+from trioring._onehost import _cma_reductions, _shm_reductions
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from exact_inputs import UFUNCS, make, ops_for
@@ -187,7 +187,7 @@ async def main(mode: str, out_dir: Path, args: list[str]) -> int:
         count_calls(_shm_reductions, "shm_scan")
     if mode == "bitwise":
         count_calls(_shm_reductions, "shm_allreduce")
-        count_calls(_cma_collectives, "cma_allreduce")
+        count_calls(_cma_reductions, "cma_allreduce")
     with trio.fail_after(90):
         async with trioring.open_communicator() as comm:
             rank = comm.rank

@@ -28,7 +28,7 @@ import numpy as np
 import trio
 
 import trioring
-from trioring._onehost import _cma_collectives, _pipe, _shm_collectives
+from trioring._onehost import _cma_reductions, _pipe, _shm_collectives
 
 #: Calls of each one-host algorithm of the reductions, as the decision table chose them.
 CALLS: dict[str, int] = {}
@@ -39,7 +39,7 @@ def count_calls(module: Any, name: str) -> None:
 
 
 for _name in ("cma_allreduce", "cma_reduce_scatter", "cma_reduce"):
-    count_calls(_cma_collectives, _name)
+    count_calls(_cma_reductions, _name)
 for _name in ("pipe_allreduce", "pipe_reduce_scatter", "pipe_reduce"):
     count_calls(_pipe, _name)
 count_calls(_shm_collectives, "_broadcast_pieces")

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import _algorithms
-from .._onehost import _cma_collectives, _pipe, _shm, _shm_reductions
+from .._onehost import _cma_reductions, _pipe, _shm, _shm_reductions
 from .._wire import OP_NAMES
 from ._checks import Refused, check_array
 
@@ -140,7 +140,7 @@ def body(
     if name == "shm":
         algorithm = _shm_reductions.shm_allreduce
     elif name == "cma":
-        algorithm = _cma_collectives.cma_allreduce
+        algorithm = _cma_reductions.cma_allreduce
     elif name == "pipe":
         algorithm = _pipe.pipe_allreduce
     elif name == "recursive_doubling":

@@ -199,7 +199,7 @@ SMALL_POW2_ALLGATHER_BYTES = 64 * 1024 * 1024
 # pipe's). Remeasure on such a machine before moving it.
 #
 # Then (2026-12-05, a later session) cma's reductions read in pieces of 256 KiB instead of
-# 1 MiB (_cma_collectives._REDUCE_STEP_BYTES), 7-20 % faster, and on the same Intel machine
+# 1 MiB (_cma_reductions._REDUCE_STEP_BYTES), 7-20 % faster, and on the same Intel machine
 # cma won from 2 MiB (thresholds.py --each, 5 rounds, pipe / cma, us): allreduce w2 1 MiB
 # 253 / 278, 2 MiB 486 / 462, 4 MiB 891 / 709, 8 MiB 1823 / 1128; w4 1 MiB 1114 / 1105,
 # 2 MiB 1893 / 1721, 4 MiB 3136 / 2773; reduce_scatter w2 1 MiB 198 / 187, 2 MiB 353 /
@@ -316,13 +316,13 @@ SMALL_REDUCE_SCATTER_BYTES = 1024 * 1024
 # On one host with a shared segment, reduce_scatter, reduce_scatterv and reduce go through
 # its pipe whenever its slots cannot take the call (see PIPE_FAMILY). Without a segment but
 # with cross-memory attach, reduce_scatter(v) reads each peer's block of their input
-# directly (_cma_collectives.cma_reduce_scatter) above CMA_MIN_REDUCE_SCATTER_BYTES, the
+# directly (_cma_reductions.cma_reduce_scatter) above CMA_MIN_REDUCE_SCATTER_BYTES, the
 # control going by frames. Measured with bench/thresholds.py (float32, 7 alternating rounds
 # of 10 calls, slowest rank; cma against recursive halving up to 1 MiB, the ring above, us):
 # without a segment at world 2, 64 KiB 91 / 78, 256 KiB 109 / 132, 1 MiB 220 / 295; at
 # world 4, 256 KiB 691 / 606, 1 MiB 952 / 999.
 CMA_MIN_REDUCE_SCATTER_BYTES = 1024 * 1024
-# Reduce without a segment reads the same way (_cma_collectives.cma_reduce: each rank
+# Reduce without a segment reads the same way (_cma_reductions.cma_reduce: each rank
 # reduces a segment, the root copies the finished ones), at world sizes of 3 and more,
 # above CMA_MIN_COPY_BYTES. At world 2 the tree stays: it was as fast or faster (1 MiB 216 /
 # 261 us), since the root copies and reduces as much either way and the tree's sender runs

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import _algorithms
-from .._onehost import _cma_collectives, _pipe, _push, _shm_reductions
+from .._onehost import _cma_reductions, _pipe, _push, _shm_reductions
 from .._wire import DTYPE_CODES, NO_ROOT
 from . import _decision
 from ._allreduce import OP_CODES, UFUNCS, ReduceOp, check
@@ -192,7 +192,7 @@ def reduce_scatter_body(
     elif name == "pipe":
         algorithm = _pipe.pipe_reduce_scatter
     elif name == "cma":
-        algorithm = _cma_collectives.cma_reduce_scatter
+        algorithm = _cma_reductions.cma_reduce_scatter
     elif name == "recursive_halving":
         algorithm = _algorithms.recursive_halving_reduce_scatter
     else:
@@ -245,7 +245,7 @@ def reduce_body(
         # data forever.
         await agree(world, spec, name)
         if name == "cma":
-            await _cma_collectives.cma_reduce(world, spec, flat, root, ufunc, divide=divide)
+            await _cma_reductions.cma_reduce(world, spec, flat, root, ufunc, divide=divide)
         else:
             await _algorithms.tree_reduce(world, spec, flat, root, ufunc, divide=divide)
 
