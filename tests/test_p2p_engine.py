@@ -26,8 +26,16 @@ from trioring._errors import (
     ProtocolError,
     TrioringError,
 )
-from trioring._p2p import CMA_EAGER_BYTES, TAG_BOUND, Endpoint, MessageKind, Scope, _reading
-from trioring._p2p._frames import HEADER
+from trioring._p2p import (
+    CMA_EAGER_BYTES,
+    TAG_BOUND,
+    Endpoint,
+    MessageKind,
+    Scope,
+    _engine,
+    _reading,
+)
+from trioring._p2p._frames import HEADER, Leaving
 from trioring._p2p._peer import _READS_PER_YIELD, FrameReader
 from trioring._p2p._reading import Reading
 from trioring.transports._abc import Connection
@@ -1079,6 +1087,88 @@ async def test_garbage_is_a_protocol_error(garbage: bytes) -> None:
         await trio.testing.wait_all_tasks_blocked()
         assert isinstance(endpoint.peer_error(1), ProtocolError)
         await endpoint.aclose()
+
+
+class OpensOnAFailedWrite(Gated):
+    """Reads nothing until a write fails: as a reader that had not yet got to the bytes the
+    peer wrote before it closed, when this rank's write found the connection gone."""
+
+    def __init__(self, inner: Connection) -> None:
+        super().__init__(inner)
+        self.allowed = 0  # from the start: a reader already in a read would get past it
+
+    async def send_all(self, *buffers: BytesLike) -> None:
+        try:
+            await super().send_all(*buffers)
+        except trio.BrokenResourceError:
+            self.allow(None)
+            raise
+
+
+@pytest.mark.parametrize("nbytes", [8, 100_000], ids=["eager", "rendezvous"])
+@pytest.mark.parametrize("pending", [False, True], ids=["alone", "with-a-pending-recv"])
+async def test_a_send_that_finds_the_peer_gone_says_why_it_left(nbytes: int, pending: bool) -> None:
+    """A peer that leaves a communicator says why (LEFT), then closes: a send to it whose
+    write finds the connection gone before this rank's reader has read that LEFT raises what
+    the LEFT says, as later calls do, not only that the connection ended; and so does a
+    receive from it that was waiting meanwhile."""
+    gates: dict[tuple[int, int], Gated] = {}
+
+    def wrap(me: int, other: int, conn: Connection) -> Connection:
+        gated = gates[me, other] = OpensOnAFailedWrite(conn) if me == 0 else Gated(conn)
+        return gated
+
+    def closed(what: str) -> TrioringError:
+        return CommunicatorClosedError(f"closed during {what}")
+
+    why = Leaving("on ValueError: bad batch", culprit=None)
+    async with open_world(2, socket_pair, wrap=wrap, eager_bytes=1000) as w:
+        left = "rank 1 left this communicator on ValueError: bad batch"
+        async with trio.open_nursery() as nursery:
+            if pending:
+
+                async def recv() -> None:
+                    with pytest.raises(PeerFailedError, match=left):
+                        await w.recv(0, 1, 5)
+
+                nursery.start_soon(recv)
+            await trio.testing.wait_all_tasks_blocked()
+            await w.endpoints[1].leave(COMM, closed, why)
+            await w.endpoints[1].aclose()
+            with pytest.raises(PeerFailedError, match=left) as raised:
+                await w.send(0, 1, 0, np.zeros(nbytes // 8))
+        assert raised.value.peer == 1
+        assert "send(dest=1, tag=0)" in str(raised.value)
+
+
+async def test_a_peer_gone_silent_fails_the_calls_within_the_drain(
+    autojump_clock: trio.abc.Clock,
+) -> None:
+    """A write that finds the peer gone lets the reader read on for what the peer said
+    before it went, but not for ever: where nothing more comes (here a reader held back for
+    good), the send and a receive waiting on the peer fail within ``_DRAIN_SECONDS``."""
+
+    def wrap(me: int, other: int, conn: Connection) -> Connection:
+        gated = Gated(conn)
+        if me == 0:
+            gated.allowed = 0
+        return gated
+
+    async with open_world(2, socket_pair, wrap=wrap) as w:
+        async with trio.open_nursery() as nursery:
+
+            async def recv() -> None:
+                with pytest.raises(PeerFailedError, match="its connection ended"):
+                    await w.recv(0, 1, 5)
+
+            nursery.start_soon(recv)
+            await trio.testing.wait_all_tasks_blocked()
+            await w.endpoints[1].aclose()
+            start = trio.current_time()
+            with pytest.raises(PeerFailedError, match="its connection ended"):
+                await w.send(0, 1, 0, np.zeros(1))
+            assert trio.current_time() - start <= 2 * _engine._DRAIN_SECONDS
+        assert trio.current_time() - start <= 2 * _engine._DRAIN_SECONDS
 
 
 async def test_unregister_fails_pending_calls() -> None:

@@ -75,6 +75,12 @@ MESSAGE_OVERHEAD = 256
 PIGGYBACK_FRACTION = 16
 #: Unexpected RTS frames one peer may leave pending with us (about 1 KiB of memory each).
 MAX_PENDING_RTS = 65536
+#: How long the reader of a peer that a write found gone goes on reading what the peer
+#: wrote before it closed (see Engine._link_down): on one host the rest of a closed
+#: connection is there at once; across hosts a connection that a write found broken is
+#: broken for reads too, or its end is already on its way. The bound is for a peer that is
+#: only silent (a write that the transport's timeout ended), whose reader would wait on.
+_DRAIN_SECONDS = 0.25
 
 
 class LinkDown(Exception):
@@ -211,8 +217,14 @@ class Engine:
             error._trioring_world_ranks = scope.members  # for trioring run: see echoed_ranks
         return error
 
-    def _record_failure(self, peer: Peer, cls: type[TrioringError], detail: str) -> TrioringError:
-        """Record that ``peer`` failed (once) and fail everything that waits on it."""
+    def _record_failure(
+        self, peer: Peer, cls: type[TrioringError], detail: str, *, drain: bool = False
+    ) -> TrioringError:
+        """Record that ``peer`` failed (once): later calls involving it raise at once. Its
+        reader stops now and everything that waits on it fails; with ``drain`` (a write
+        failed), once the reader has read what the peer wrote before its end (within
+        ``_DRAIN_SECONDS``), so that a LEFT there fails the calls it concerns with what it
+        says (see :meth:`_link_down`)."""
         if peer.error is not None:
             return peer.error
         base = cls(
@@ -222,7 +234,21 @@ class Engine:
             job_id=self.job_id,
         )
         peer.error, peer.detail = base, detail
-        peer.reader_scope.cancel()  # its reader closes the connection
+        # Its reader closes the connection, and a drained one then fails what still waits.
+        if drain:
+            peer.draining = True
+            peer.reader_scope.deadline = min(
+                peer.reader_scope.deadline, trio.current_time() + _DRAIN_SECONDS
+            )
+        else:
+            peer.reader_scope.cancel()
+            self._fail_waiting(peer, base)
+        if self.on_peer_lost is not None:
+            self.on_peer_lost(peer.world, base)
+        return base
+
+    def _fail_waiting(self, peer: Peer, base: TrioringError) -> None:
+        """Fail every call that waits on ``peer``, which failed (``base``)."""
         for send in list(peer.outbound.values()):
             send.error = self._for_call(base, send.scope, send.what, send.seq, peer.world)
             wake(send)
@@ -257,9 +283,6 @@ class Engine:
                 comm.unpost(recv)
                 recv.error = self._for_call(base, recv.scope, recv.what, seq, peer.world)
                 wake(recv)
-        if self.on_peer_lost is not None:
-            self.on_peer_lost(peer.world, base)
-        return base
 
     def _all_gone(self, scope: Scope) -> bool:
         """Whether every other member of ``scope`` closed it or failed: nothing can come."""
@@ -345,9 +368,30 @@ class Engine:
         self._record_failure(peer, ProtocolError, detail)
 
     def _link_down(self, peer: Peer, exc: BaseException) -> LinkDown:
+        """A write to ``peer`` failed: the peer's end of the connection is closed (or its
+        host gone). A peer that closed it on purpose said why first, in a LEFT frame that
+        may still wait unread behind the end: the reader reads on to it (``drain``), so
+        that the call whose write failed can say what the LEFT says (:meth:`_explained`)."""
         if self._closed:
             return LinkDown(self._closed_error(None, "write"))
-        return LinkDown(self._record_failure(peer, PeerFailedError, lost(exc)))
+        return LinkDown(self._record_failure(peer, PeerFailedError, lost(exc), drain=True))
+
+    async def _explained(
+        self, down: LinkDown, scope: Scope, what: str, seq: int | None, world: int
+    ) -> TrioringError:
+        """The error of call ``what`` on ``scope``, whose write to ``world`` failed
+        (``down``). Where the peer left the communicator first, saying why (its LEFT was
+        still unread when the write failed: the peer closed the connection right after),
+        that, as every later call to it raises; else the failure, for this call. Waits,
+        shielded, for the peer's reader to end, which takes at most ``_DRAIN_SECONDS``
+        (:meth:`_link_down`; bounded here too). Call without holding the peer's lock."""
+        peer = self._peers[world]
+        if not self._closed and peer.error is down.base:
+            with trio.move_on_after(2 * _DRAIN_SECONDS, shield=True):
+                await peer.reader_ended.wait()
+            if world in self._left.get(scope.comm_id, ()):
+                return self._left_error(scope, what, world)
+        return self._for_call(down.base, scope, what, seq, world)
 
     # -- writing ---------------------------------------------------------------------------
 

@@ -84,8 +84,14 @@ class Peer:
         self.error: TrioringError | None = None
         #: What happened, for the messages of the calls it fails.
         self.detail = ""
-        #: The reader's cancel scope: cancelled to stop reading a peer that broke the rules.
+        #: The reader's cancel scope: cancelled to stop reading a peer that broke the rules,
+        #: or given a deadline once a write to the peer failed (see Engine._link_down).
         self.reader_scope = trio.CancelScope()
+        #: Set once the reader has ended and closed the connection.
+        self.reader_ended = trio.Event()
+        #: A write found the connection gone: the reader reads on to its end, then fails
+        #: the calls that still wait on the peer (see Engine._link_down).
+        self.draining = False
         #: The bytes that a poll last saw waiting on the socket while a large EAGER frame
         #: streamed in (Polling._take_large); 0 otherwise.
         self.seen_waiting = 0

@@ -79,6 +79,10 @@ class Reading(Binding):
         finally:
             with trio.CancelScope(shield=True):
                 await trio.aclose_forcefully(peer.connection)
+            if peer.draining and peer.error is not None:
+                peer.draining = False
+                self._fail_waiting(peer, peer.error)
+            peer.reader_ended.set()
 
     def _reading_failed(self, peer: Peer, exc: trio.BrokenResourceError | ProtocolError) -> None:
         if isinstance(exc, ProtocolError):

@@ -81,6 +81,7 @@ class Sending(Polling):
             )  # fmt: skip
             passed = await peer.acquire()  # cancellable: nothing is sent yet
             sent = False
+            down: LinkDown | None = None
             try:
                 if peer.credit >= cost:  # still, after waiting for the lock
                     peer.credit -= cost
@@ -88,10 +89,12 @@ class Sending(Polling):
                     try:
                         passed |= await self._write_locked(peer, header, bytes_of(data))
                     except LinkDown as exc:
-                        raise self._for_call(exc.base, scope, what, seq, world) from None
-                    sent = True
+                        down = exc
+                    sent = down is None
             finally:
                 peer.lock.release()
+            if down is not None:
+                raise await self._explained(down, scope, what, seq, world) from None
             if sent:
                 if not passed:
                     # The message is out: a schedule point, but no Cancelled after it.
@@ -130,6 +133,7 @@ class Sending(Polling):
             guard=0 if guard is None else data_address(guard),
         )  # fmt: skip
         await peer.acquire()  # cancellable: nothing is sent yet
+        down: LinkDown | None = None
         try:
             send.seq = comm.seq_out(peer.world)
             # Registered before the RTS goes out: the receiver's CTS can come back (and our
@@ -141,9 +145,11 @@ class Sending(Polling):
             except LinkDown as exc:
                 peer.outbound.pop(send.msg_id, None)
                 comm.sends.discard(send)
-                raise self._for_call(exc.base, scope, what, send.seq, peer.world) from None
+                down = exc
         finally:
             peer.lock.release()
+        if down is not None:
+            raise await self._explained(down, scope, what, send.seq, peer.world) from None
         passed = False  # through the scheduler: if not, a schedule point at the end
         try:
             while True:
@@ -186,7 +192,7 @@ class Sending(Polling):
                 send.rejected = send.cts = False
                 await self._control(peer, pack_control(FrameType.RESTART, send.msg_id))
         except LinkDown as exc:
-            raise self._for_call(exc.base, scope, what, send.seq, peer.world) from None
+            raise await self._explained(exc, scope, what, send.seq, peer.world) from None
         except BaseException:
             if not send.done and peer.error is None and not self._closed:
                 peer.outbox.append(pack_control(FrameType.WITHDRAW, send.msg_id))
