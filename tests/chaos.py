@@ -1,0 +1,211 @@
+"""Chaos trials: random collectives with one random fault, judged on every rank.
+
+Each trial forks a world (2-4 ranks, Unix sockets; with the one-host paths, without the
+shared segment, or without any of them) of ``workers/chaos_worker.py``, whose ranks draw
+the same plan from the trial's seed: a few collectives and one fault on one rank (see the
+worker). The trial passes when
+
+- every rank's process ends within ``TRIAL_S`` (no hang; the worker also bounds each call);
+- every result a rank got before it raised is right (the worker checks them against numpy);
+- every rank but the victim either completed every call, where the fault never took effect
+  (the victim's cancel came after its call had ended, or its kill after its last call), or
+  raised a trioring error at or after the faulty call that names the victim (``rank V``,
+  in the message or its notes), or, as the failure model allows, a ``PeerFailedError``
+  that names another rank whose connection ended without a word about why (a rank that
+  gave up because of the victim in the middle of a frame to this one can say nothing on
+  that connection; the collectives then look on the others for the cause, for a while).
+  Those are counted apart, as imprecise.
+
+``test_chaos.py`` runs a fixed set of seeds. To hunt with more, run it as a script::
+
+    .venv/bin/python tests/chaos.py --trials 200 [--seed 1000] [--minutes 20]
+
+which prints every failing trial (its seed, plan and what was wrong) and a summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import secrets
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from launched import base_env, fork_server, load_module
+
+WORKER = Path(__file__).parent / "workers" / "chaos_worker.py"
+#: Bound on one trial's world, from the first fork to the last exit.
+TRIAL_S = 45.0
+#: The one-host paths a trial runs with: all that this machine allows, no shared segment
+#: (cross-memory attach over frames, and sockets), or plain sockets.
+VARIANTS: dict[str, dict[str, str]] = {
+    "onehost": {},
+    "no-shm": {"TRIORING_SHM": "0"},
+    "plain": {"TRIORING_SHM": "0", "TRIORING_CMA": "0"},
+}
+
+if str(WORKER.parent) not in sys.path:
+    sys.path.insert(0, str(WORKER.parent))  # the worker imports _worker_util beside it
+_worker = load_module("trioring_tests_chaos_worker", WORKER)
+
+
+def trial_params(seed: int) -> tuple[int, str]:
+    """The world size and variant of trial ``seed``."""
+    return 2 + seed % 3, list(VARIANTS)[(seed // 3) % len(VARIANTS)]
+
+
+def run_trial(seed: int, out_dir: Path) -> tuple[list[str], list[str], dict[str, Any]]:
+    """Run trial ``seed`` in ``out_dir``; what was wrong (empty: it passed), what was
+    imprecise (see the module's docstring), and its plan."""
+    n, variant = trial_params(seed)
+    plan = _worker.plan(seed, n)
+    server = fork_server()
+    socket_dir = tempfile.mkdtemp(prefix="trc-")
+    job = {
+        "TRIORING_JOB_ID": f"chaos-{seed}",
+        "TRIORING_SECRET": secrets.token_hex(32),
+        "TRIORING_TRANSPORT": "unix",
+        "TRIORING_SOCKET_DIR": socket_dir,
+        "WORLD_SIZE": str(n),
+        "LOCAL_WORLD_SIZE": str(n),
+        **VARIANTS[variant],
+    }
+    pids: list[int] = []
+    codes: dict[int, int | None] = {}
+    try:
+        for rank in range(n):
+            env = {**base_env(), **job, "RANK": str(rank), "LOCAL_RANK": str(rank)}
+            log = str(out_dir / f"rank{rank}.log")
+            pids.append(server.spawn(str(WORKER), [str(out_dir), str(rank), str(seed)], env, log))
+        deadline = time.monotonic() + TRIAL_S
+        for rank, pid in enumerate(pids):
+            codes[rank] = server.wait(pid, max(0.0, deadline - time.monotonic()))
+    finally:
+        for pid in pids:
+            if server.poll(pid) is None:
+                server.signal(pid, signal.SIGKILL)
+                server.wait(pid, 30)
+        shutil.rmtree(socket_dir, ignore_errors=True)
+    reports = {}
+    for rank in range(n):
+        path = out_dir / f"w{rank}.json"
+        reports[rank] = json.loads(path.read_text()) if path.exists() else None
+    wrong, imprecise = judge(plan, n, codes, reports)
+    return wrong, imprecise, {"n": n, "variant": variant, **plan}
+
+
+#: What a PeerFailedError says of a connection that ended without a word about why: the
+#: collectives' words, and the point-to-point messages'.
+_CONNECTION_ENDED = ("was closed by the peer", "its connection ended")
+
+
+def _text(error: dict[str, Any]) -> str:
+    return "\n".join([f"{error['type']}: {error['message']}", *error["notes"]])
+
+
+def judge(
+    plan: dict[str, Any],
+    n: int,
+    codes: dict[int, int | None],
+    reports: dict[int, dict[str, Any] | None],
+) -> tuple[list[str], list[str]]:
+    """What was wrong with a trial's ending, given each rank's exit code and report, and
+    what was imprecise."""
+    wrong: list[str] = []
+    imprecise: list[str] = []
+    victim, at, fault = plan["victim"], plan["at"], plan["fault"]
+    last = len(plan["calls"]) + 1  # the calls and the final barrier
+    for rank, code in codes.items():
+        if code is None:
+            wrong.append(f"rank {rank} still ran after {TRIAL_S:.0f} s: a hang")
+    report = reports[victim]
+    kills = fault in ("kill", "kill_before")
+    if codes[victim] not in ((0, -signal.SIGKILL, None) if kills else (0, None)):
+        wrong.append(f"the victim, rank {victim}, exited with {codes[victim]}")
+    # Whether the others may complete every call: the fault came too late to matter.
+    if fault == "kill":
+        finished = codes[victim] == 0 or bool(report and report.get("final"))
+    elif fault == "cancel":
+        finished = bool(report and not report.get("cancelled"))
+    else:
+        finished = False
+    error = report and report.get("error")
+    if error and fault != "raise" and (not error["trioring"] or error["type"] == "TooSlowError"):
+        wrong.append(f"the victim, rank {victim}, raised {_text(error)}")
+    for rank in range(n):
+        if rank == victim or codes[rank] is None:
+            continue
+        report = reports[rank]
+        if codes[rank] != 0 or report is None:
+            wrong.append(f"rank {rank} exited with {codes[rank]} (report: {report is not None})")
+            continue
+        error = report.get("error")
+        if error is None:
+            if report.get("completed") != last:
+                wrong.append(f"rank {rank} neither completed nor raised")
+            elif not finished:
+                wrong.append(f"rank {rank} completed every call, but the {fault} took effect")
+            continue
+        text = _text(error)
+        where = report.get("failed_at", "close")
+        if error["type"] == "TooSlowError":
+            wrong.append(f"rank {rank} hung in call {where}: {text}")
+        elif not error["trioring"]:
+            wrong.append(f"rank {rank} raised a non-trioring error in call {where}: {text}")
+        elif where == "close" or where < at:
+            wrong.append(f"rank {rank} raised in call {where}, before the fault: {text}")
+        elif f"rank {victim}" not in text:
+            lost = error["type"] == "PeerFailedError" and any(
+                said in error["message"] for said in _CONNECTION_ENDED
+            )
+            (imprecise if lost else wrong).append(
+                f"rank {rank}'s error does not name rank {victim}: {text}"
+            )
+    return wrong, imprecise
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--trials", type=int, default=100)
+    parser.add_argument("--seed", type=int, default=0, help="the first trial's seed")
+    parser.add_argument("--minutes", type=float, default=30.0, help="stop starting trials after")
+    parser.add_argument("--keep", type=Path, help="keep failing trials' directories here")
+    args = parser.parse_args()
+    stop = time.monotonic() + args.minutes * 60
+    failed = ran = vague = 0
+    for seed in range(args.seed, args.seed + args.trials):
+        if time.monotonic() > stop:
+            break
+        out_dir = Path(tempfile.mkdtemp(prefix=f"chaos-{seed}-"))
+        started = time.monotonic()
+        wrong, imprecise, plan = run_trial(seed, out_dir)
+        ran += 1
+        vague += bool(imprecise)
+        took = time.monotonic() - started
+        for line in imprecise:
+            print(f"VAGUE seed {seed}: {line}", flush=True)
+        if wrong:
+            failed += 1
+            print(f"FAIL seed {seed} ({took:.1f} s): {json.dumps(plan)}", flush=True)
+            for line in wrong:
+                print("   ", line.replace("\n", "\n      "), flush=True)
+            if args.keep:
+                shutil.copytree(out_dir, args.keep / f"seed{seed}", dirs_exist_ok=True)
+        else:
+            print(
+                f"ok   seed {seed} ({took:.1f} s) n={plan['n']} {plan['variant']} "
+                f"{plan['fault']}@{plan['at']} {[c['collective'] for c in plan['calls']]}",
+                flush=True,
+            )
+        shutil.rmtree(out_dir, ignore_errors=True)
+    print(f"{ran} trials, {failed} failed, {vague} imprecise", flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
