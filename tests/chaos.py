@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import secrets
 import shutil
 import signal
 import sys
@@ -36,7 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launched import base_env, fork_server, load_module
+from launched import forked_world, load_module
 
 WORKER = Path(__file__).parent / "workers" / "chaos_worker.py"
 #: Bound on one trial's world, from the first fork to the last exit.
@@ -64,33 +63,9 @@ def run_trial(seed: int, out_dir: Path) -> tuple[list[str], list[str], dict[str,
     imprecise (see the module's docstring), and its plan."""
     n, variant = trial_params(seed)
     plan = _worker.plan(seed, n)
-    server = fork_server()
-    socket_dir = tempfile.mkdtemp(prefix="trc-")
-    job = {
-        "TRIORING_JOB_ID": f"chaos-{seed}",
-        "TRIORING_SECRET": secrets.token_hex(32),
-        "TRIORING_TRANSPORT": "unix",
-        "TRIORING_SOCKET_DIR": socket_dir,
-        "WORLD_SIZE": str(n),
-        "LOCAL_WORLD_SIZE": str(n),
-        **VARIANTS[variant],
-    }
-    pids: list[int] = []
-    codes: dict[int, int | None] = {}
-    try:
-        for rank in range(n):
-            env = {**base_env(), **job, "RANK": str(rank), "LOCAL_RANK": str(rank)}
-            log = str(out_dir / f"rank{rank}.log")
-            pids.append(server.spawn(str(WORKER), [str(out_dir), str(rank), str(seed)], env, log))
-        deadline = time.monotonic() + TRIAL_S
-        for rank, pid in enumerate(pids):
-            codes[rank] = server.wait(pid, max(0.0, deadline - time.monotonic()))
-    finally:
-        for pid in pids:
-            if server.poll(pid) is None:
-                server.signal(pid, signal.SIGKILL)
-                server.wait(pid, 30)
-        shutil.rmtree(socket_dir, ignore_errors=True)
+    codes, _ = forked_world(
+        WORKER, [str(out_dir), str(seed)], out_dir, n, VARIANTS[variant], timeout=TRIAL_S
+    )
     reports = {}
     for rank in range(n):
         path = out_dir / f"w{rank}.json"

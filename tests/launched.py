@@ -113,12 +113,18 @@ def close_fork_server() -> None:
         _server = None
 
 
-def _forked_world(
-    worker: Path, worker_args: Sequence[str], out_dir: Path, n: int, env: Mapping[str, str]
+def forked_world(
+    worker: Path,
+    worker_args: Sequence[str],
+    out_dir: Path,
+    n: int,
+    env: Mapping[str, str],
+    *,
+    timeout: float = TIMEOUT_S,
 ) -> tuple[dict[int, int | None], str]:
     """Fork ``n`` ranks of ``worker`` over Unix sockets in a fresh directory and wait for all
-    of them, at most TIMEOUT_S in all; kill whichever still runs then. Each rank's exit code
-    (None: killed at the deadline) and their logs."""
+    of them, at most ``timeout`` seconds in all; kill whichever still runs then. Each rank's
+    exit code (None: killed at the deadline) and their logs."""
     server = fork_server()
     socket_dir = tempfile.mkdtemp(prefix="trt-")
     job = {
@@ -137,7 +143,7 @@ def _forked_world(
         for rank in range(n):
             rank_env = {**base_env(), **job, "RANK": str(rank), "LOCAL_RANK": str(rank), **env}
             pids.append(server.spawn(str(worker), list(worker_args), rank_env, str(logs[rank])))
-        deadline = time.monotonic() + TIMEOUT_S
+        deadline = time.monotonic() + timeout
         for rank, pid in enumerate(pids):
             codes[rank] = server.wait(pid, max(0.0, deadline - time.monotonic()))
     finally:
@@ -195,7 +201,7 @@ def run_reports(
 ) -> list[dict[str, Any]]:
     """Run ``worker`` on ``n`` ranks; every rank must exit 0."""
     if transport == "unix":
-        codes, output = _forked_world(worker, worker_args, out_dir, n, env or {})
+        codes, output = forked_world(worker, worker_args, out_dir, n, env or {})
         assert all(code == 0 for code in codes.values()), output
     else:
         code, output = _launched(worker, worker_args, n, transport, env or {})
@@ -215,7 +221,7 @@ def run_killed(
     """Run ``worker`` on ``n`` ranks over Unix sockets, one of which (``victim``) SIGKILLs
     itself; every other rank must exit by itself, having written its report, and the victim
     must have written nothing. The survivors' reports (``rank{r}.json``), by rank."""
-    codes, output = _forked_world(worker, worker_args, out_dir, n, env or {})
+    codes, output = forked_world(worker, worker_args, out_dir, n, env or {})
     assert codes[victim] == -signal.SIGKILL, output
     assert None not in codes.values(), f"a survivor was still running after {TIMEOUT_S} s\n{output}"
     assert not (out_dir / f"rank{victim}.json").exists()

@@ -1,4 +1,4 @@
-"""One rank of a chaos trial (``tests/chaos.py``): ``chaos_worker.py OUT_DIR INDEX SEED``.
+"""One rank of a chaos trial (``tests/chaos.py``): ``chaos_worker.py OUT_DIR SEED``.
 
 Every rank draws the same plan from ``SEED`` and the world size: a few collectives (each
 with its size, root and seeded inputs), and one fault on one rank, the victim, at one of
@@ -6,7 +6,7 @@ them: its call cancelled after a drawn delay (then it closes its communicator), 
 process killed (``SIGKILL``) a drawn delay after it enters the call or right before it,
 the communicator left (closed before the call), or an exception raised inside ``async
 with`` before the call. Every rank checks every result it gets against numpy, and
-records in ``w{INDEX}.json``: how many calls it completed, and the error that ended its
+records in ``w{RANK}.json``: how many calls it completed, and the error that ended its
 run (any exception: the driver judges whether it was the right one). A call that takes
 longer than ``HANG_S`` is cancelled and recorded as a hang.
 """
@@ -227,5 +227,6 @@ async def main(reporter: _worker_util.Reporter, seed: int) -> None:
 
 
 if __name__ == "__main__":
-    out_dir, index, seed = sys.argv[1:]
-    _worker_util.run_reporting(_worker_util.Reporter(Path(out_dir), int(index)), main, int(seed))
+    out_dir, seed = sys.argv[1:]
+    reporter = _worker_util.Reporter(Path(out_dir), int(os.environ["RANK"]))
+    _worker_util.run_reporting(reporter, main, int(seed))
