@@ -35,7 +35,7 @@ from trioring._p2p import (
     _engine,
     _reading,
 )
-from trioring._p2p._frames import HEADER, Leaving
+from trioring._p2p._frames import HEADER, Leaving, pack_left
 from trioring._p2p._peer import _READS_PER_YIELD, FrameReader
 from trioring._p2p._reading import Reading
 from trioring.transports._abc import Connection
@@ -780,6 +780,50 @@ async def test_recv_cancelled_after_matching_unsent_cts(
             np.testing.assert_array_equal(got, data)
 
 
+@pytest.mark.parametrize("pull", [False, True], ids=["data", "pull"])
+async def test_leaving_while_a_rejected_message_waits_for_its_restart(
+    autojump_clock: trio.abc.Clock, pull: bool
+) -> None:
+    """A receive cancelled after its CTS REJECTs the message; the receiver then leaves the
+    communicator before the sender's RESTART arrives. The RESTART is still expected (not a
+    protocol violation that ends the connection), so the sender's send hears why the
+    receiver left, and the connection carries the next communicator's messages. Found by
+    the chaos trials (seed 344: a sendrecv ring whose receive was cancelled when its send
+    failed, and the rank left on that error; its peer saw a bare closed connection)."""
+    gates: dict[tuple[int, int], Gated] = {}
+    data = sample((2000,))
+    async with open_world(
+        2, wrap=_gate_receiver(gates), eager_bytes=0, chunk_bytes=1000, pull=pull
+    ) as w:
+        gates[1, 0].allow(HEADER.size + 8 + (HEADER.size // 2 if pull else HEADER.size + 100))
+        gates[0, 1].allow(HEADER.size)  # the sender gets the CTS, not the REJECT (yet)
+        async with trio.open_nursery() as nursery:
+
+            async def send() -> None:
+                with pytest.raises(PeerFailedError, match="rank 1 left this communicator on "):
+                    await w.send(0, 1, 0, data)
+
+            nursery.start_soon(send)
+            with trio.move_on_after(1):
+                await w.recv(1, 0, 0)  # REJECTs the message
+            gates[1, 0].allow(None)
+            await w.endpoints[1].leave(
+                COMM, CommunicatorClosedError, Leaving("on ValueError: bad batch")
+            )
+            gates[0, 1].allow(None)  # the REJECT reaches the sender, which writes RESTART
+        await trio.testing.wait_all_tasks_blocked()
+        assert w.endpoints[1].peer_error(0) is None
+        assert w.endpoints[0].peer_error(1) is None
+        assert not w.endpoints[1]._peers[0].inbound
+        after = [Scope(2, r, (0, 1)) for r in range(2)]
+        for endpoint, scope in zip(w.endpoints, after, strict=True):
+            endpoint.register(scope)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(w.endpoints[0].send, after[0], 1, 0, data)
+            _, got = await w.endpoints[1].recv(after[1], 0, 0)
+        np.testing.assert_array_equal(got, data)
+
+
 # -- cross-memory attach (PULL) -----------------------------------------------------------
 
 
@@ -1169,6 +1213,41 @@ async def test_a_peer_gone_silent_fails_the_calls_within_the_drain(
                 await w.send(0, 1, 0, np.zeros(1))
             assert trio.current_time() - start <= 2 * _engine._DRAIN_SECONDS
         assert trio.current_time() - start <= 2 * _engine._DRAIN_SECONDS
+
+
+@pytest.mark.parametrize("unread", [False, True], ids=["end", "reset"])
+async def test_a_left_read_right_before_the_end_of_the_connection_is_what_calls_say(
+    unread: bool,
+) -> None:
+    """The peer's LEFT and the end of its connection (a reset where the peer closed with our
+    RTS unread), read in one go (both waiting in the socket, so the reader takes them
+    without passing through the scheduler): the send that waits for the peer raises what
+    the LEFT says, not the bare end that came next. Found by the chaos trials (seed 344,
+    about 1 run in 60)."""
+    ours, theirs = socket.socketpair()
+    endpoint = Endpoint(
+        rank=0,
+        connections={1: SocketConnection(trio.socket.from_stdlib_socket(ours))},
+        eager_bytes=0,
+    )
+    scope = Scope(COMM, 0, (0, 1))
+    endpoint.register(scope)
+    with trio.fail_after(20):
+        async with trio.open_nursery() as nursery:
+            await nursery.start(endpoint.run)
+
+            async def send() -> None:
+                with pytest.raises(PeerFailedError, match="rank 1 left this communicator on "):
+                    await endpoint.send(scope, 1, 0, np.arange(100.0))  # an RTS: waits
+
+            nursery.start_soon(send)
+            await trio.testing.wait_all_tasks_blocked()
+            if not unread:
+                theirs.recv(65536)
+            theirs.sendall(pack_left(COMM, Leaving("on ValueError: bad batch")))
+            theirs.close()
+            await trio.testing.wait_all_tasks_blocked()
+            await endpoint.aclose()
 
 
 async def test_unregister_fails_pending_calls() -> None:

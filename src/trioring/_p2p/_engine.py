@@ -250,8 +250,10 @@ class Engine:
     def _fail_waiting(self, peer: Peer, base: TrioringError) -> None:
         """Fail every call that waits on ``peer``, which failed (``base``)."""
         for send in list(peer.outbound.values()):
-            send.error = self._for_call(base, send.scope, send.what, send.seq, peer.world)
-            wake(send)
+            # One failed already (the peer's LEFT, read right before the end) says why.
+            if send.error is None:
+                send.error = self._for_call(base, send.scope, send.what, send.seq, peer.world)
+                wake(send)
         # Its rendezvous messages can never complete; its eager ones stay receivable.
         for message in list(peer.inbound.values()):
             comm = self._comms.get(message.comm_id)
@@ -519,7 +521,8 @@ class Engine:
 
     def _drop(self, message: Message) -> None:
         """Forget ``message`` (its communicator is gone): give its credit back; a rendezvous
-        message whose CTS went out is rejected and forgotten on the sender's RESTART."""
+        message whose CTS went out is rejected and forgotten on the sender's RESTART, as is
+        one rejected already (its DATA, PULL and RESTART are still on their way)."""
         if message.payload is not None:
             self._consumed(message)
         elif message.self_send is not None:
@@ -529,8 +532,9 @@ class Engine:
             wake(message.self_send)
         elif message.peer in self._peers:
             peer = self._peers[message.peer]
-            if message.cts_sent and peer.error is None:
-                self._reject(peer, message)
+            if (message.cts_sent or message.rejected) and peer.error is None:
+                if message.cts_sent:
+                    self._reject(peer, message)
                 message.dropped = True
             else:
                 self._forget(peer, message)
