@@ -32,7 +32,7 @@ import trioring
 from local_runs import on_every_rank
 from trioring._errors import echoed_ranks
 from trioring._framing import _PENDING_ABORT_SECONDS
-from trioring._wire import AbortKind, Kind, OpSpec
+from trioring._wire import AbortKind, Kind, OpSpec, pack_abort_frame
 from trioring.testing import open_local_world
 
 
@@ -139,6 +139,76 @@ async def test_a_failed_memory_read_tells_a_dead_peer_from_one_that_gave_up(
             await links[1].explained(spec, links[1].memory_failed(spec, gone))
     assert info.value.peer == 1, info.value
     assert "cancelled allreduce #1 (by the test)" in str(info.value)
+
+
+async def test_a_look_that_a_sibling_failure_cancels_still_finds_the_abort(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Rank 0's cross-memory read from rank 1 failed (a failed send looks the same way),
+    and its look on that link has read the header of rank 1's abort frame (the reason is
+    still on its way) when the task beside it fails (another peer's connection ended) and
+    their nursery cancels this one. The look finishes the frame first (shielded, within its
+    grace), so the abort is what the task raises, and what the collective reports, instead
+    of the echo. Before, the cancelled look had consumed the header, and the communicator's
+    look for the cause found nothing left there (the chaos trials, seed 1177: a send)."""
+    spec = OpSpec(Kind.ALLREDUCE, 1)
+    gone = OSError(errno.ESRCH, os.strerror(errno.ESRCH))
+    header, reason = pack_abort_frame(
+        AbortKind.CANCELLED, 1, 1, "cancelled allreduce #1 (by the test)", 1
+    )
+    async with open_local_world(3) as comms:
+        link = comms[0]._links[1]
+        told = comms[1]._links[0].connection
+        raised: list[BaseException] = []
+
+        async def send_task(sibling_failed: trio.CancelScope) -> None:
+            with sibling_failed:
+                try:
+                    raise await link.explained(spec, link.memory_failed(spec, gone))
+                except trioring.TrioringError as exc:
+                    raised.append(exc)
+
+        with trio.fail_after(10):
+            await told.send_all(header)
+            sibling_failed = trio.CancelScope()
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(send_task, sibling_failed)
+                await trio.testing.wait_all_tasks_blocked()  # the look waits for the reason
+                sibling_failed.cancel()
+                await told.send_all(reason)
+    assert len(raised) == 1, raised
+    assert isinstance(raised[0], trioring.PeerAbortedError), raised[0]
+    assert raised[0].peer == 1, raised[0]
+    assert "cancelled allreduce #1 (by the test)" in str(raised[0])
+
+
+async def test_a_neighbour_gone_mid_frame_points_at_the_peer_that_died(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    """Rank 2 died (its connections ended between two frames, without a word); rank 1 gave
+    up because of it in the middle of a frame to rank 0, so it could say nothing there.
+    Rank 0's receive from rank 1 fails mid-payload, and nothing on any link explains it:
+    the look for the cause names rank 2, which died, rather than the echo (rank 1; the
+    call keeps it as a note). Before, it named rank 1 (the chaos trials, seed 2537: a rank
+    killed in a reduce_scatter at world 4)."""
+    spec = OpSpec(Kind.ALLREDUCE, 1, dtype_code=1, count=64, op_code=1)
+    async with open_local_world(3) as comms:
+        await _vanish(comms[2])
+        sender = comms[1]._links[0]
+        views = sender.start_send(spec, 0, memoryview(bytes(256)))
+        assert views is not None  # an in-memory stream takes nothing at once
+        await sender.connection.send_all(bytes(views[0]) + bytes(views[1][:100]))
+        await trio.aclose_forcefully(sender.connection)
+        with trio.fail_after(10), pytest.raises(trioring.PeerFailedError) as info:
+            await comms[0]._links[1].recv(spec, 0, memoryview(bytearray(256)))
+        echo = info.value
+        assert echo.peer == 1, echo
+        assert "after 100 of 256 bytes of a payload" in str(echo), echo
+        with trio.fail_after(10):
+            cause = await comms[0]._relayed_cause(echo, spec)
+    assert isinstance(cause, trioring.PeerFailedError), cause
+    assert cause.peer == 2, cause
+    assert "connection to peer rank 2 was closed by the peer after 0 of" in str(cause)
 
 
 async def _fail_in_tasks(count: int) -> None:

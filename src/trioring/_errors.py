@@ -166,6 +166,10 @@ class CollectiveError(TrioringError):
     _trioring_about_self: bool = False
     #: For a lost connection: it ended between two frames, without an abort frame.
     _trioring_clean_close: bool = False
+    #: For a lost connection: the peer closed it (an end of file, or a reset) in the middle
+    #: of a frame, as a peer that gives up because of another rank may (see
+    #: CommunicatorCore._relayed_cause).
+    _trioring_cut_short: bool = False
     #: For an error in a sub-communicator, whose ranks (``rank``, ``peer``, and those in the
     #: message) are its own: the world rank of each of them.
     _trioring_world_ranks: tuple[int, ...] | None = None

@@ -208,8 +208,16 @@ class Link(LinkErrors):
         abort frame the peer left on this link, if it gave up and said why (that frame is
         raised here), else ``error``, marked as a clean close when the look found the
         connection ended between two frames without a word: the peer itself died, so this
-        rank may tell the others at once (see ``CommunicatorCore._relayed_cause``)."""
-        error._trioring_clean_close = await self._raise_pending_abort(spec)
+        rank may tell the others at once (see ``CommunicatorCore._relayed_cause``).
+
+        The look is shielded (its grace bounds it): the failure of a sibling task (the
+        receive beside this send, which saw another peer's connection end) cancels this
+        one, and a look cut short in the middle of the abort frame consumed its header, so
+        the communicator's own look for the cause found nothing left on this link and the
+        rank named the echo instead (the chaos trials, seed 1177: 1 run in 10)."""
+        with trio.CancelScope(shield=True):
+            ended = await self._raise_pending_abort(spec)
+        error._trioring_clean_close = ended is not None
         return error
 
     async def memory_error(
@@ -223,10 +231,13 @@ class Link(LinkErrors):
 
     async def pending_abort(self, spec: OpSpec) -> CollectiveError | None:
         """The abort frame the peer left on this link, if it is the next thing to read and
-        arrives within a short grace; None otherwise. Only for a link that is about to be
-        closed: whatever is read here is consumed."""
+        arrives within a short grace; else, where the connection ended between two frames
+        without a word (the peer died: a live one says why first), the PeerFailedError
+        that says so (``_trioring_clean_close`` set, ``_trioring_abort`` None); None
+        otherwise. Only for a link that is about to be closed: whatever is read here is
+        consumed."""
         try:
-            await self._raise_pending_abort(spec)
+            return await self._raise_pending_abort(spec)
         except CollectiveError as exc:
             if exc._trioring_abort is not None:
                 return exc
@@ -234,26 +245,27 @@ class Link(LinkErrors):
             pass  # the link is closed or broken: nothing to read on it
         return None
 
-    async def _raise_pending_abort(self, spec: OpSpec) -> bool:
+    async def _raise_pending_abort(self, spec: OpSpec) -> CollectiveError | None:
         """After a failed send: a peer that gives up sends an abort frame and then closes, so
         its reason may be waiting in our receive buffer. If nobody else is receiving on this
         link, look for it briefly, so that we report the cause (say, "rank 2 failed") rather
-        than the broken pipe it left behind. Returns whether the look found the connection
-        closed between two frames and nothing to explain it."""
+        than the broken pipe it left behind. Returns the error of the connection's end
+        where the look found it closed between two frames and nothing to explain it."""
         if self.receiving or self._watching:
-            return False
+            return None
         found: list[TrioringError] = []
-        between_frames = False
+        ended: CollectiveError | None = None
 
         async def look() -> None:
-            nonlocal between_frames
+            nonlocal ended
             # Frames the peer sent before it gave up (say, the announcement of a step we
             # never reached) may come first: skip a few small ones to find its reason.
             for _ in range(_PENDING_FRAMES_SKIPPED):
                 try:
                     await self._recv_exactly(spec, self._recv_header_view, FIRST_HEADER)
                 except CollectiveError as exc:
-                    between_frames = exc._trioring_clean_close
+                    if exc._trioring_clean_close:
+                        ended = exc
                     return
                 except TrioringError:
                     return
@@ -285,7 +297,7 @@ class Link(LinkErrors):
             self._watching = False
         if found:
             raise found[0]
-        return between_frames
+        return ended
 
     async def _recv_some(self, spec: OpSpec, view: memoryview, what: str) -> int:
         """Receive at least one byte into ``view``, or 0 at end of stream. With a socket
@@ -354,11 +366,9 @@ class Link(LinkErrors):
             # A reset is how a close reads when the peer left bytes of ours unread: before the
             # first byte of a frame, as much a close between frames as an end of file.
             cause = exc.__cause__
-            error._trioring_clean_close = (
-                what == FIRST_HEADER
-                and isinstance(cause, OSError)
-                and cause.errno == errno.ECONNRESET
-            )
+            reset = isinstance(cause, OSError) and cause.errno == errno.ECONNRESET
+            error._trioring_clean_close = reset and what == FIRST_HEADER
+            error._trioring_cut_short = reset and what != FIRST_HEADER
             raise error from exc
         except trio.ClosedResourceError as exc:
             raise self.closed_error(spec) from exc

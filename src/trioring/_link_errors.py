@@ -154,4 +154,5 @@ class LinkErrors:
             f"was closed by the peer after {done} of {total} bytes of {what} ({_LOST_PEER})",
         )
         error._trioring_clean_close = what == FIRST_HEADER and not done
+        error._trioring_cut_short = not error._trioring_clean_close
         return error
