@@ -1,20 +1,21 @@
 """Chaos trials: random collectives with one random fault, judged on every rank.
 
-Each trial forks a world (2-4 ranks, Unix sockets; with the one-host paths, without the
-shared segment, or without any of them) of ``workers/chaos_worker.py``, whose ranks draw
-the same plan from the trial's seed: a few collectives and one fault on one rank (see the
-worker). The trial passes when
+Each trial forks a world (2-4 ranks: Unix sockets with the one-host paths, without the
+shared segment, or without any of them; or TCP on loopback) of ``workers/chaos_worker.py``, whose ranks draw
+the same plan from the trial's seed: a few collectives, on the world or on a
+sub-communicator made from it, and one fault on one rank (see the worker). The trial
+passes when
 
 - every rank's process ends within ``TRIAL_S`` (no hang; the worker also bounds each call);
 - every result a rank got before it raised is right (the worker checks them against numpy);
 - every rank but the victim either completed every call, where the fault never took effect
   (the victim's cancel came after its call had ended, or its kill after its last call), or
   raised a trioring error at or after the faulty call that names the victim (``rank V``,
-  in the message or its notes), or, as the failure model allows, a ``PeerFailedError``
-  that names another rank whose connection ended without a word about why (a rank that
-  gave up because of the victim in the middle of a frame to this one can say nothing on
-  that connection; the collectives then look on the others for the cause, for a while).
-  Those are counted apart, as imprecise.
+  V its rank in the communicator the calls ran on, in the message or its notes), or, as
+  the failure model allows, a ``PeerFailedError`` that names another rank whose connection
+  ended without a word about why (a rank that gave up because of the victim in the middle
+  of a frame to this one can say nothing on that connection; the collectives then look on
+  the others for the cause, for a while). Those are counted apart, as imprecise.
 
 ``test_chaos.py`` runs a fixed set of seeds. To hunt with more, run it as a script::
 
@@ -35,18 +36,23 @@ import time
 from pathlib import Path
 from typing import Any
 
-from launched import forked_world, load_module
+from launched import forked_world, free_ports, load_module
 
 WORKER = Path(__file__).parent / "workers" / "chaos_worker.py"
 #: Bound on one trial's world, from the first fork to the last exit.
 TRIAL_S = 45.0
-#: The one-host paths a trial runs with: all that this machine allows, no shared segment
-#: (cross-memory attach over frames, and sockets), or plain sockets.
+#: How a trial's ranks connect: Unix sockets with every one-host path this machine allows,
+#: with no shared segment (cross-memory attach over frames, and sockets), or plain; TCP on
+#: loopback (no one-host paths: a reset often stands in for the end of a connection there).
 VARIANTS: dict[str, dict[str, str]] = {
     "onehost": {},
     "no-shm": {"TRIORING_SHM": "0"},
     "plain": {"TRIORING_SHM": "0", "TRIORING_CMA": "0"},
+    "tcp": {"TRIORING_TRANSPORT": "tcp", "MASTER_ADDR": "127.0.0.1"},
 }
+#: Worlds started again when rank 0 found the TCP port taken (by another program: the port
+#: was free a moment before).
+_PORT_TRIES = 3
 
 if str(WORKER.parent) not in sys.path:
     sys.path.insert(0, str(WORKER.parent))  # the worker imports _worker_util beside it
@@ -63,15 +69,28 @@ def run_trial(seed: int, out_dir: Path) -> tuple[list[str], list[str], dict[str,
     imprecise (see the module's docstring), and its plan."""
     n, variant = trial_params(seed)
     plan = _worker.plan(seed, n)
-    codes, _ = forked_world(
-        WORKER, [str(out_dir), str(seed)], out_dir, n, VARIANTS[variant], timeout=TRIAL_S
-    )
-    reports = {}
-    for rank in range(n):
-        path = out_dir / f"w{rank}.json"
-        reports[rank] = json.loads(path.read_text()) if path.exists() else None
+    for _ in range(_PORT_TRIES):
+        env = dict(VARIANTS[variant])
+        if "MASTER_ADDR" in env:
+            env["MASTER_PORT"] = str(free_ports())
+        codes, _ = forked_world(WORKER, [str(out_dir), str(seed)], out_dir, n, env, timeout=TRIAL_S)
+        reports = {}
+        for rank in range(n):
+            path = out_dir / f"w{rank}.json"
+            reports[rank] = json.loads(path.read_text()) if path.exists() else None
+        if not any(_port_taken(report) for report in reports.values()):
+            break
+        for path in out_dir.glob("w*.json"):
+            path.unlink()
     wrong, imprecise = judge(plan, n, codes, reports)
     return wrong, imprecise, {"n": n, "variant": variant, **plan}
+
+
+def _port_taken(report: dict[str, Any] | None) -> bool:
+    """Whether a rank's report says that its communicator could not open because the
+    rendezvous port was taken."""
+    error = report and report.get("error")
+    return bool(error and error["type"] == "RendezvousError" and error["address_in_use"])
 
 
 #: What a PeerFailedError says of a connection that ended without a word about why: the
@@ -94,6 +113,9 @@ def judge(
     wrong: list[str] = []
     imprecise: list[str] = []
     victim, at, fault = plan["victim"], plan["at"], plan["fault"]
+    # The victim's rank where the calls ran (errors name that rank, and add a note that maps
+    # a split's ranks to the world's); an error while the split was made names world ranks.
+    named = n - 1 - victim if plan["comm"] == "reversed" else victim
     last = len(plan["calls"]) + 1  # the calls and the final barrier
     for rank, code in codes.items():
         if code is None:
@@ -132,14 +154,16 @@ def judge(
             wrong.append(f"rank {rank} hung in call {where}: {text}")
         elif not error["trioring"]:
             wrong.append(f"rank {rank} raised a non-trioring error in call {where}: {text}")
-        elif where == "close" or where < at:
+        elif where == "open" and (at or plan["comm"] == "world"):
+            wrong.append(f"rank {rank} raised while it opened its communicator: {text}")
+        elif where == "close" or (where != "open" and where < at):
             wrong.append(f"rank {rank} raised in call {where}, before the fault: {text}")
-        elif f"rank {victim}" not in text:
+        elif f"rank {victim if where == 'open' else named}" not in text:
             lost = error["type"] == "PeerFailedError" and any(
                 said in error["message"] for said in _CONNECTION_ENDED
             )
             (imprecise if lost else wrong).append(
-                f"rank {rank}'s error does not name rank {victim}: {text}"
+                f"rank {rank}'s error does not name rank {named} ({victim} in the world): {text}"
             )
     return wrong, imprecise
 
@@ -173,7 +197,7 @@ def main() -> int:
                 shutil.copytree(out_dir, args.keep / f"seed{seed}", dirs_exist_ok=True)
         else:
             print(
-                f"ok   seed {seed} ({took:.1f} s) n={plan['n']} {plan['variant']} "
+                f"ok   seed {seed} ({took:.1f} s) n={plan['n']} {plan['variant']} {plan['comm']} "
                 f"{plan['fault']}@{plan['at']} {[c['collective'] for c in plan['calls']]}",
                 flush=True,
             )

@@ -13,12 +13,15 @@ by someone else before rank 0 binds it."""
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib.util
 import json
 import os
+import random
 import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -77,6 +80,30 @@ def base_env() -> dict[str, str]:
     }
     env["PYTHONUNBUFFERED"] = "1"
     return env
+
+
+def free_ports(count: int = 1) -> int:
+    """A port p such that p .. p + count - 1 were all free on loopback a moment ago, below
+    the kernel's range of ephemeral ports: a port from that range (as ``bind(0)`` gives)
+    can be taken meanwhile by any connection's local end, and once was (torchrun's own to
+    its store: EADDRINUSE for trioring's rank 0 at the port after torchrun's)."""
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as ranges:
+            ephemeral = int(ranges.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        ephemeral = 32768
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(10_000, max(10_000 + count, ephemeral - count))
+        with contextlib.ExitStack() as stack:
+            try:
+                for offset in range(count):
+                    sock = stack.enter_context(socket.socket())
+                    sock.bind(("127.0.0.1", port + offset))
+            except OSError:
+                continue
+            return port
+    raise AssertionError(f"no {count} adjacent free ports")
 
 
 def load_module(name: str, path: Path) -> Any:

@@ -15,11 +15,9 @@
 from __future__ import annotations
 
 import json
-import random
 import re
 import secrets
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +29,7 @@ import trio
 
 import trioring
 from clean_env import clean_env
+from launched import free_ports
 from netns import Hosts, open_hosts
 
 if TYPE_CHECKING:
@@ -42,25 +41,8 @@ TIMEOUT = 90
 
 def free_port_pair() -> int:
     """A port p such that p and p + 1 were both free a moment ago (torchrun takes p, and
-    trioring p + 1), below the kernel's range of ephemeral ports: a port from that range
-    (as ``bind(0)`` gives) can be taken meanwhile by any connection's local end, torchrun's
-    own to its store included, and once was (p + 1: EADDRINUSE for trioring's rank 0)."""
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as ranges:
-            ephemeral = int(ranges.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        ephemeral = 32768
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(10_000, max(10_002, ephemeral - 1))
-        with socket.socket() as first, socket.socket() as second:
-            try:
-                first.bind(("127.0.0.1", port))
-                second.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-            return port
-    raise AssertionError("no two adjacent free ports")
+    trioring p + 1), below the ephemeral range (see launched.free_ports)."""
+    return free_ports(2)
 
 
 def reports(stdout: str) -> list[dict[str, Any]]:

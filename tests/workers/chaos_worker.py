@@ -5,7 +5,9 @@ with its size, root and seeded inputs), and one fault on one rank, the victim, a
 them: its call cancelled after a drawn delay (then it closes its communicator), the
 process killed (``SIGKILL``) a drawn delay after it enters the call or right before it,
 the communicator left (closed before the call), or an exception raised inside ``async
-with`` before the call. Every rank checks every result it gets against numpy, and
+with`` before the call. The calls run on the world communicator, on a ``dup()`` of it, or
+on a ``split()`` with every rank in one group in reverse order (so that the rank an error
+names is a sub-communicator's, not the world's). Every rank checks every result it gets against numpy, and
 records in ``w{RANK}.json``: how many calls it completed, and the error that ended its
 run (any exception: the driver judges whether it was the right one). A call that takes
 longer than ``HANG_S`` is cancelled and recorded as a hang.
@@ -52,6 +54,9 @@ SIZES = (1, 1000, 16_384, 100_000, 600_000, 2_500_000)
 FAULTS = ("cancel", "kill", "kill_before", "leave", "raise")
 #: Seconds after the victim enters its call that the cancel or the kill lands.
 DELAYS = (0.0, 20e-6, 200e-6, 1e-3, 5e-3)
+#: The communicator the calls run on: the world, ``world.dup()``, or
+#: ``world.split(color=0, key=-rank)`` (rank r of the world is rank n - 1 - r there).
+COMMS = ("world", "dup", "reversed")
 
 
 def plan(seed: int, n: int) -> dict[str, Any]:
@@ -72,6 +77,8 @@ def plan(seed: int, n: int) -> dict[str, Any]:
         "at": int(rng.integers(len(calls))),
         "fault": str(rng.choice(FAULTS)),
         "delay": float(rng.choice(DELAYS)),
+        # Drawn last, so that the draws above are those of the seeds before it existed.
+        "comm": str(rng.choice(COMMS)),
     }
 
 
@@ -164,7 +171,8 @@ async def trial(reporter: _worker_util.Reporter, comm: trioring.Communicator, se
     trial = plan(seed, comm.world_size)
     report = reporter.report
     report.update(plan=trial, rank=comm.rank, features=sorted(comm.features), completed=0)
-    victim = comm.rank == trial["victim"]
+    # The victim is a world rank (a process), whichever rank it has in ``comm``.
+    victim = int(os.environ["RANK"]) == trial["victim"]
     for i, call in enumerate(trial["calls"]):
         run = make_call(comm, i, call)
         fault = trial["fault"] if victim and i == trial["at"] else None
@@ -219,11 +227,26 @@ async def main(reporter: _worker_util.Reporter, seed: int) -> None:
     bounds the whole run, the open included)."""
     started = time.monotonic()
     try:
-        async with trioring.open_communicator() as comm:
-            reporter.record("open", started, None)
-            await trial(reporter, comm, seed)
+        async with trioring.open_communicator() as world:
+            on = plan(seed, world.world_size)["comm"]
+            if on == "world":
+                reporter.record("open", started, None)
+                await trial(reporter, world, seed)
+            elif on == "dup":
+                async with world.dup() as comm:
+                    reporter.record("open", started, None)
+                    await trial(reporter, comm, seed)
+            else:
+                async with world.split(color=0, key=-world.rank) as comm:
+                    assert comm is not None
+                    reporter.record("open", started, None)
+                    await trial(reporter, comm, seed)
     except Exception as exc:
         reporter.report.setdefault("error", _worker_util.describe(exc))
+        if "plan" not in reporter.report:
+            # Before the first call: a victim whose fault is at call 0 may act while this
+            # rank still makes the sub-communicator with it.
+            reporter.report["failed_at"] = "open"
 
 
 if __name__ == "__main__":
