@@ -99,7 +99,7 @@ def check_root(root: object, world_size: int) -> int:
     if isinstance(root, bool) or not isinstance(root, int | np.integer):
         raise Refused(f"root must be an int rank, got {root!r}")
     if not 0 <= root < world_size:
-        raise Refused(f"root {root} is not a rank of this world (0..{world_size - 1})")
+        raise Refused(f"root {root} is not a rank of this communicator (0..{world_size - 1})")
     return int(root)
 
 
