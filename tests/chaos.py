@@ -3,7 +3,8 @@
 Each trial forks a world (2-4 ranks: Unix sockets with the one-host paths, without the
 shared segment, or without any of them; or TCP on loopback) of ``workers/chaos_worker.py``, whose ranks draw
 the same plan from the trial's seed: a few collectives, on the world or on a
-sub-communicator made from it, and one fault on one rank (see the worker). The trial
+sub-communicator made from it, in half the trials beside a ``dup()`` of the world running
+calls of its own in another task, and one fault on one rank (see the worker). The trial
 passes when
 
 - every rank's process ends within ``TRIAL_S`` (no hang; the worker also bounds each call);
@@ -15,7 +16,11 @@ passes when
   the failure model allows, a ``PeerFailedError`` that names another rank whose connection
   ended without a word about why (a rank that gave up because of the victim in the middle
   of a frame to this one can say nothing on that connection; the collectives then look on
-  the others for the cause, for a while). Those are counted apart, as imprecise.
+  the others for the cause, for a while). Those are counted apart, as imprecise;
+- on the communicator beside, every rank completed every call, or its call there was
+  cancelled because its first task failed, or it raised a trioring error that names the
+  victim or a rank whose call there was so cancelled (and, in the first communicator, an
+  error may name such a rank too: it gave up there because its task beside failed).
 
 ``test_chaos.py`` runs a fixed set of seeds. To hunt with more, run it as a script::
 
@@ -112,11 +117,7 @@ def judge(
     what was imprecise."""
     wrong: list[str] = []
     imprecise: list[str] = []
-    victim, at, fault = plan["victim"], plan["at"], plan["fault"]
-    # The victim's rank where the calls ran (errors name that rank, and add a note that maps
-    # a split's ranks to the world's); an error while the split was made names world ranks.
-    named = n - 1 - victim if plan["comm"] == "reversed" else victim
-    last = len(plan["calls"]) + 1  # the calls and the final barrier
+    victim, fault = plan["victim"], plan["fault"]
     for rank, code in codes.items():
         if code is None:
             wrong.append(f"rank {rank} still ran after {TRIAL_S:.0f} s: a hang")
@@ -134,6 +135,10 @@ def judge(
     error = report and report.get("error")
     if error and fault != "raise" and (not error["trioring"] or error["type"] == "TooSlowError"):
         wrong.append(f"the victim, rank {victim}, raised {_text(error)}")
+    # The ranks that gave up in each communicator: the victim, and the ranks whose call
+    # there was cancelled because their task beside failed. Errors may name any of them.
+    gave_up = {victim} | _cancelled(reports, None)
+    beside_gave_up = {victim} | _cancelled(reports, "beside")
     for rank in range(n):
         if rank == victim or codes[rank] is None:
             continue
@@ -141,31 +146,136 @@ def judge(
         if codes[rank] != 0 or report is None:
             wrong.append(f"rank {rank} exited with {codes[rank]} (report: {report is not None})")
             continue
-        error = report.get("error")
-        if error is None:
-            if report.get("completed") != last:
-                wrong.append(f"rank {rank} neither completed nor raised")
-            elif not finished:
-                wrong.append(f"rank {rank} completed every call, but the {fault} took effect")
-            continue
-        text = _text(error)
-        where = report.get("failed_at", "close")
-        if error["type"] == "TooSlowError":
-            wrong.append(f"rank {rank} hung in call {where}: {text}")
-        elif not error["trioring"]:
-            wrong.append(f"rank {rank} raised a non-trioring error in call {where}: {text}")
-        elif where == "open" and (at or plan["comm"] == "world"):
-            wrong.append(f"rank {rank} raised while it opened its communicator: {text}")
-        elif where == "close" or (where != "open" and where < at):
-            wrong.append(f"rank {rank} raised in call {where}, before the fault: {text}")
-        elif f"rank {victim if where == 'open' else named}" not in text:
-            lost = error["type"] == "PeerFailedError" and any(
-                said in error["message"] for said in _CONNECTION_ENDED
-            )
-            (imprecise if lost else wrong).append(
-                f"rank {rank}'s error does not name rank {named} ({victim} in the world): {text}"
-            )
+        _judge_first(plan, n, rank, report, finished, gave_up, wrong, imprecise)
+    if plan["beside"]:
+        _judge_beside(plan, codes, reports, beside_gave_up, wrong, imprecise)
     return wrong, imprecise
+
+
+def _cancelled(reports: dict[int, dict[str, Any] | None], key: str | None) -> set[int]:
+    """The ranks whose call in the first communicator (``key`` None) or the one beside it
+    was cancelled because their other task failed."""
+    return {
+        rank
+        for rank, report in reports.items()
+        if report and "cancelled_at" in (report.get(key, {}) if key else report)
+    }
+
+
+def _judge_first(
+    plan: dict[str, Any],
+    n: int,
+    rank: int,
+    report: dict[str, Any],
+    finished: bool,
+    gave_up: set[int],
+    wrong: list[str],
+    imprecise: list[str],
+) -> None:
+    """Judge how the calls on the first communicator ended on ``rank``, not the victim."""
+    victim, at, fault = plan["victim"], plan["at"], plan["fault"]
+    # The rank where the calls ran (errors name that rank, and add a note that maps a
+    # split's ranks to the world's); an error while the split was made names world ranks.
+    reversed_ranks = plan["comm"] == "reversed"
+    error = report.get("error")
+    if "cancelled_at" in report:
+        if not report.get("beside", {}).get("error"):
+            wrong.append(
+                f"rank {rank}'s call {report['cancelled_at']} was cancelled, not by its task beside"
+            )
+        return
+    if error is None:
+        if report.get("completed") != len(plan["calls"]) + 1:
+            wrong.append(f"rank {rank} neither completed nor raised")
+        elif not finished:
+            wrong.append(f"rank {rank} completed every call, but the {fault} took effect")
+        return
+    text = _text(error)
+    where = report.get("failed_at", "close")
+    first_open = plan["comm"] == "world" and not plan["beside"]
+    named = {q for q in gave_up if q != rank}
+    if where == "open":
+        named = {victim}
+    elif reversed_ranks:
+        named = {n - 1 - q for q in named}
+    said = any(f"rank {q}" in text for q in named)
+    # A rank that gave up because of its task beside may fail the call before the fault's.
+    cascade = any(
+        f"rank {q}" in text for q in named - {n - 1 - victim if reversed_ranks else victim}
+    )
+    if error["type"] == "TooSlowError":
+        wrong.append(f"rank {rank} hung in call {where}: {text}")
+    elif not error["trioring"]:
+        wrong.append(f"rank {rank} raised a non-trioring error in call {where}: {text}")
+    elif where == "open" and (at or first_open):
+        wrong.append(f"rank {rank} raised while it opened its communicators: {text}")
+    elif where == "close" or (where != "open" and where < at and not cascade):
+        wrong.append(f"rank {rank} raised in call {where}, before the fault: {text}")
+    elif not said:
+        (imprecise if _lost(error) else wrong).append(
+            f"rank {rank}'s error does not name any of ranks {sorted(named)} (the victim is "
+            f"{victim} in the world): {text}"
+        )
+
+
+def _judge_beside(
+    plan: dict[str, Any],
+    codes: dict[int, int | None],
+    reports: dict[int, dict[str, Any] | None],
+    gave_up: set[int],
+    wrong: list[str],
+    imprecise: list[str],
+) -> None:
+    """Judge how the calls on the communicator beside the first (a ``dup()`` of the world:
+    the same ranks) ended on every rank: completed, cancelled by a failure of the rank's
+    first communicator, or raised naming a rank that gave up there."""
+    victim, fault = plan["victim"], plan["fault"]
+    last = len(plan["beside"]) + 1
+    victim_report = reports[victim] or {}
+    # A victim killed before it began the final barrier beside never published it.
+    killed_early = codes[victim] == -signal.SIGKILL and not victim_report.get("beside", {}).get(
+        "final"
+    )
+    for rank, code in codes.items():
+        report = reports[rank]
+        if code != 0 or report is None:
+            continue  # the victim killed, or judged above
+        entry = report.get("beside", {})
+        error = entry.get("error")
+        if "cancelled_at" in entry:
+            if not (report.get("error") or (rank == victim and fault == "raise")):
+                wrong.append(
+                    f"rank {rank}'s call {entry['cancelled_at']} beside was cancelled, not by its first task"
+                )
+        elif error is not None:
+            text = _text(error)
+            where = entry["failed_at"]
+            named = gave_up - {rank}
+            if error["type"] == "TooSlowError":
+                wrong.append(f"rank {rank} hung in call {where} beside: {text}")
+            elif not error["trioring"]:
+                wrong.append(
+                    f"rank {rank} raised a non-trioring error in call {where} beside: {text}"
+                )
+            elif not any(f"rank {q}" in text for q in named):
+                (imprecise if _lost(error) else wrong).append(
+                    f"rank {rank}'s error in call {where} beside does not name any of ranks "
+                    f"{sorted(named)}: {text}"
+                )
+        elif entry.get("completed") != last:
+            wrong.append(f"rank {rank} neither completed nor raised beside")
+        elif killed_early and rank != victim:
+            wrong.append(
+                f"rank {rank} completed every call beside, but rank {victim} was killed before the last"
+            )
+
+
+def _lost(error: dict[str, Any]) -> bool:
+    """Whether ``error`` is a PeerFailedError saying that a connection ended without a word
+    about why (see the module's docstring)."""
+    return error["type"] == "PeerFailedError" and any(
+        said in error["message"] for said in _CONNECTION_ENDED
+    )
 
 
 def main() -> int:
@@ -198,7 +308,10 @@ def main() -> int:
         else:
             print(
                 f"ok   seed {seed} ({took:.1f} s) n={plan['n']} {plan['variant']} {plan['comm']} "
-                f"{plan['fault']}@{plan['at']} {[c['collective'] for c in plan['calls']]}",
+                f"{plan['fault']}@{plan['at']} {[c['collective'] for c in plan['calls']]}"
+                + (
+                    f" beside {[c['collective'] for c in plan['beside']]}" if plan["beside"] else ""
+                ),
                 flush=True,
             )
         shutil.rmtree(out_dir, ignore_errors=True)

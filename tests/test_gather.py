@@ -26,7 +26,7 @@ from exact_inputs import make
 from launched import run_killed, run_reports
 from local_runs import errors_when_one_differs, force, on_every_rank
 from trioring._algorithms import World, _tree_gather
-from trioring._collectives import _decision, _scatter
+from trioring._collectives import _decision, _scatter_header
 from trioring._collectives._scatter import SHM_SCATTER_BYTES
 from trioring._wire import Kind, OpSpec
 from trioring.testing import open_local_world
@@ -850,14 +850,14 @@ def test_scatter_out_through_the_segment(tmp_path: Path, n: int) -> None:
 
 
 def _checked(n: int, rank: int, fields: list[int], root: int) -> str:
-    """What _scatter._check_header makes of folded ``fields`` on ``rank``: "ok", or the
+    """What _scatter_header.check_header makes of folded ``fields`` on ``rank``: "ok", or the
     error's type and message."""
     world = World(
         rank=rank, size=n, links={}, chunk_bytes=CHUNK_BYTES, scratch=np.zeros(0, np.uint8)
     )
     spec = OpSpec(Kind.SCATTER, 1, 0, 0, 0, root)
     try:
-        _scatter._check_header(world, spec, list(fields), root)
+        _scatter_header.check_header(world, spec, list(fields), root)
     except trioring.TrioringError as exc:
         return f"{type(exc).__name__}: {exc}"
     return "ok"
@@ -881,24 +881,28 @@ def _checked(n: int, rank: int, fields: list[int], root: int) -> str:
 def test_scatter_fold_agrees_with_the_pairwise_merge(
     case: tuple[int, int, bool, list[Any]],
 ) -> None:
-    """The segment's one-pass fold of every rank's header (_scatter._fold) decides what the
-    sockets' dissemination decides by merging headers pairwise (_scatter._merge), whatever
+    """The segment's one-pass fold of every rank's header (_scatter_header.fold) decides what the
+    sockets' dissemination decides by merging headers pairwise (_scatter_header.merge), whatever
     order the merges come in: the same verdict and message from the header check on every
     rank, so an out= mismatch reads the same over either; and, where an out= does not fit,
     the same extremes (where all fit, the fold does not look for them)."""
     n, root, listed, outs = case
     fields = (2, 1, 1, None) if listed else (2, 0, 1, (3,))  # float64 (code 2), 3 per rank
-    starts = [_scatter._start_header(q, fields if q == root else None, outs[q]) for q in range(n)]
-    folded = _scatter._fold([start[: _scatter._SHAPE].tolist() for start in starts], root)
+    starts = [
+        _scatter_header.start_header(q, fields if q == root else None, outs[q]) for q in range(n)
+    ]
+    folded = _scatter_header.fold(
+        [start[: _scatter_header.SHAPE].tolist() for start in starts], root
+    )
     for order in (range(n), reversed(range(n))):
         merged = starts[root].copy()
         for q in order:
-            _scatter._merge(merged, starts[q])
-        exact = merged[: _scatter._SHAPE].tolist()
+            _scatter_header.merge(merged, starts[q])
+        exact = merged[: _scatter_header.SHAPE].tolist()
         for rank in range(n):
             assert _checked(n, rank, folded, root) == _checked(n, rank, exact, root)
         fit = all(out is None or (out[0] == 2 and (listed or out[1] == 3)) for out in outs)
         if not fit:
             assert folded == exact
         else:
-            assert folded[: _scatter._DTYPE_MIN] == exact[: _scatter._DTYPE_MIN]
+            assert folded[: _scatter_header.DTYPE_MIN] == exact[: _scatter_header.DTYPE_MIN]

@@ -7,14 +7,20 @@ process killed (``SIGKILL``) a drawn delay after it enters the call or right bef
 the communicator left (closed before the call), or an exception raised inside ``async
 with`` before the call. The calls run on the world communicator, on a ``dup()`` of it, or
 on a ``split()`` with every rank in one group in reverse order (so that the rank an error
-names is a sub-communicator's, not the world's). Every rank checks every result it gets against numpy, and
-records in ``w{RANK}.json``: how many calls it completed, and the error that ended its
-run (any exception: the driver judges whether it was the right one). A call that takes
-longer than ``HANG_S`` is cancelled and recorded as a hang.
+names is a sub-communicator's, not the world's). In half the trials a second communicator,
+a ``dup()`` of the world made before the first, runs calls of its own at the same time, in
+another task of the same nursery: a failure in either task cancels the other's call, as in
+any Trio program, so the fault's news must cross from one communicator to the other through
+the ranks that give up. Every rank checks every result it gets against numpy, and
+records in ``w{RANK}.json``, for each communicator: how many calls it completed, and the
+error that ended its run, or the call its task was cancelled in (any exception: the driver
+judges whether it was the right one). A call that takes longer than ``HANG_S`` is cancelled
+and recorded as a hang.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -59,27 +65,39 @@ DELAYS = (0.0, 20e-6, 200e-6, 1e-3, 5e-3)
 COMMS = ("world", "dup", "reversed")
 
 
+#: Calls of the communicator beside (see the module docstring) are numbered from here in
+#: their inputs, so that no input equals one of the first communicator's.
+BESIDE_FROM = 100
+
+
+def _calls(rng: np.random.Generator, n: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "collective": str(rng.choice(COLLECTIVES)),
+            "size": int(rng.choice(SIZES)),
+            "root": int(rng.integers(n)),
+        }
+        for _ in range(int(rng.integers(2, 6)))
+    ]
+
+
 def plan(seed: int, n: int) -> dict[str, Any]:
     """The trial of ``seed`` at world ``n``: the same on every rank."""
     rng = np.random.default_rng(seed)
-    calls = []
-    for _ in range(int(rng.integers(2, 6))):
-        calls.append(
-            {
-                "collective": str(rng.choice(COLLECTIVES)),
-                "size": int(rng.choice(SIZES)),
-                "root": int(rng.integers(n)),
-            }
-        )
-    return {
+    calls = _calls(rng, n)
+    trial = {
         "calls": calls,
         "victim": int(rng.integers(n)),
         "at": int(rng.integers(len(calls))),
         "fault": str(rng.choice(FAULTS)),
         "delay": float(rng.choice(DELAYS)),
-        # Drawn last, so that the draws above are those of the seeds before it existed.
+        # Drawn after the fields above, so that those are the draws of the seeds before it
+        # existed.
         "comm": str(rng.choice(COMMS)),
     }
+    # Drawn last, likewise: the calls of a communicator beside the first, or none.
+    trial["beside"] = _calls(rng, n) if rng.integers(2) else []
+    return trial
 
 
 def inputs(i: int, r: int, length: int) -> np.ndarray:
@@ -203,8 +221,25 @@ async def trial(reporter: _worker_util.Reporter, comm: trioring.Communicator, se
             report["error"] = report["steps"][f"call{i}"]["error"]
             report["failed_at"] = i
             raise
+        except BaseException as exc:
+            # A group of nothing but Cancelled, too (see trioring's failure model).
+            if _worker_util.is_cancellation(exc):
+                report["cancelled_at"] = i  # the task beside failed
+                reporter.save()
+            raise
         report["completed"] = i + 1
         reporter.save()
+    await _final(reporter, report, comm, "final", len(trial["calls"]))
+
+
+async def _final(
+    reporter: _worker_util.Reporter,
+    report: dict[str, Any],
+    comm: trioring.Communicator,
+    step: str,
+    calls: int,
+) -> None:
+    """The barrier after the ``calls`` calls of ``report``'s communicator."""
     # Before the barrier: a victim killed in it may have published its part, and then the
     # others complete it (see the failure model).
     report["final"] = True
@@ -214,39 +249,92 @@ async def trial(reporter: _worker_util.Reporter, comm: trioring.Communicator, se
         with trio.fail_after(HANG_S):
             await comm.barrier()
     except Exception as exc:
-        reporter.record("final", started, exc)
-        report["error"] = report["steps"]["final"]["error"]
-        report["failed_at"] = len(trial["calls"])
+        reporter.record(step, started, exc)
+        report["error"] = reporter.report["steps"][step]["error"]
+        report["failed_at"] = calls
         raise
-    report["completed"] = len(trial["calls"]) + 1
+    except BaseException as exc:
+        # A group of nothing but Cancelled, too (see trioring's failure model).
+        if _worker_util.is_cancellation(exc):
+            report["cancelled_at"] = calls
+            reporter.save()
+        raise
+    report["completed"] = calls + 1
     reporter.save()
 
 
+async def beside(
+    reporter: _worker_util.Reporter, comm: trioring.Communicator, calls: list[dict[str, Any]]
+) -> None:
+    """Run the calls of the communicator beside the first (``comm``), recording in the
+    report's ``beside`` entry as :func:`trial` records the first's. Nothing here is
+    faulty: it fails only through the first communicator's fault, or when its sibling
+    task's failure cancels it."""
+    report: dict[str, Any] = {"completed": 0}
+    reporter.report["beside"] = report
+    for i, call in enumerate(calls):
+        run = make_call(comm, BESIDE_FROM + i, call)
+        started = time.monotonic()
+        try:
+            with trio.fail_after(HANG_S):
+                await run()
+        except Exception as exc:
+            reporter.record(f"beside{i}", started, exc)
+            report["error"] = reporter.report["steps"][f"beside{i}"]["error"]
+            report["failed_at"] = i
+            raise
+        except BaseException as exc:
+            # A group of nothing but Cancelled, too (see trioring's failure model).
+            if _worker_util.is_cancellation(exc):
+                report["cancelled_at"] = i
+                reporter.save()
+            raise
+        report["completed"] = i + 1
+        reporter.save()
+    await _final(reporter, report, comm, "beside_final", len(calls))
+
+
 async def main(reporter: _worker_util.Reporter, seed: int) -> None:
-    """Open the world, run the trial, and record how the communicator closed (the driver
-    bounds the whole run, the open included)."""
+    """Open the world (and the communicators of the plan), run the trial, and record how the
+    communicators closed (the driver bounds the whole run, the open included)."""
     started = time.monotonic()
     try:
-        async with trioring.open_communicator() as world:
-            on = plan(seed, world.world_size)["comm"]
+        async with trioring.open_communicator() as world, contextlib.AsyncExitStack() as stack:
+            trial_plan = plan(seed, world.world_size)
+            # Made first, so that every rank makes the two in the same order.
+            other = await stack.enter_async_context(world.dup()) if trial_plan["beside"] else None
+            on = trial_plan["comm"]
             if on == "world":
-                reporter.record("open", started, None)
-                await trial(reporter, world, seed)
+                comm = world
             elif on == "dup":
-                async with world.dup() as comm:
-                    reporter.record("open", started, None)
-                    await trial(reporter, comm, seed)
+                comm = await stack.enter_async_context(world.dup())
             else:
-                async with world.split(color=0, key=-world.rank) as comm:
-                    assert comm is not None
-                    reporter.record("open", started, None)
+                split = await stack.enter_async_context(world.split(color=0, key=-world.rank))
+                assert split is not None
+                comm = split
+            reporter.record("open", started, None)
+            if other is None:
+                await trial(reporter, comm, seed)
+            else:
+                async with trio.open_nursery() as nursery:
+                    nursery.start_soon(beside, reporter, other, trial_plan["beside"])
                     await trial(reporter, comm, seed)
     except Exception as exc:
-        reporter.report.setdefault("error", _worker_util.describe(exc))
-        if "plan" not in reporter.report:
+        report = reporter.report
+        if "plan" not in report:
             # Before the first call: a victim whose fault is at call 0 may act while this
-            # rank still makes the sub-communicator with it.
-            reporter.report["failed_at"] = "open"
+            # rank still makes the sub-communicators with it.
+            report["error"] = _worker_util.describe(exc)
+            report["failed_at"] = "open"
+        elif not _recorded(report):
+            report["error"] = _worker_util.describe(exc)  # in closing (failed_at: "close")
+
+
+def _recorded(report: dict[str, Any]) -> bool:
+    """Whether a call of either communicator recorded how it failed."""
+    return any(
+        "error" in entry or "cancelled_at" in entry for entry in (report, report.get("beside", {}))
+    ) or bool(report.get("raised"))
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ The contracts are the docstrings of :meth:`trioring.Communicator.scatter` and
 Only the root knows the dtype and shapes, so the first round is a dissemination of a fixed
 header of ``HEADER_WORDS`` int64s (through the shared segment where there is one: every
 rank publishes its header and, once all are there, folds them in one pass, see
-:func:`_fold`; otherwise by frames of dtype int64 and count ``HEADER_WORDS``, round k
+:func:`._scatter_header.fold`; otherwise by frames of dtype int64 and count ``HEADER_WORDS``, round k
 sending to rank + 2^k, each rank merging what it receives). The root's header travels with
 every token, and every rank folds in the dtypes and element counts of the ``out=`` arrays
 passed anywhere as their minimum and maximum; after it every rank knows the root's dtype and
@@ -25,48 +25,45 @@ with a dissemination barrier, so that rank's mismatch reaches every rank.
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .. import _algorithms
-from .._errors import ProtocolError
 from .._onehost import _copies, _pipe
 from .._onehost._shm import SHM_MAX_BYTES
 from .._onehost._shm_collectives import shm_done
-from .._wire import DTYPE_CODES, DTYPES, MAX_NDIM
+from .._wire import DTYPE_CODES, DTYPES
 from . import _decision
 from ._checks import Refused, check_array, check_out, check_root
-from ._counts import job_id, mismatch
+from ._counts import mismatch
 from ._gather import same_memory
+from ._scatter_header import (
+    ANY_OUT,
+    ARRAY,
+    COUNT,
+    DTYPE,
+    FORM,
+    HEADER_BYTES,
+    HEADER_WORDS,
+    LIST,
+    MAX_DIMS,
+    NDIM,
+    SHAPE,
+    header_round,
+    out_fields,
+    start_header,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable, Sequence
+    from collections.abc import Awaitable, Callable
 
     from .._algorithms import World
     from .._wire import OpSpec
     from ._checks import Plan
 
-__all__ = ["HEADER_WORDS", "MAX_DIMS", "SHM_SCATTER_BYTES", "plan_scatter"]
-
-#: The most dimensions a scattered block may have (numpy's own limit).
-MAX_DIMS = MAX_NDIM
-# The scatter header, one int64 each: whether the root's part is in, the root's dtype code,
-# form (0: one array, 1: a list), the blocks' number of dimensions, the elements per block
-# (one array; -1 for a list), whether any rank passed out=; then (value, rank) pairs: the
-# least and greatest out= dtype code, the least and greatest out= element count; then the
-# block shape (one array).
-_KNOWN, _DTYPE, _FORM, _NDIM, _COUNT, _ANY_OUT = range(6)
-_DTYPE_MIN, _DTYPE_MAX, _COUNT_MIN, _COUNT_MAX = 6, 8, 10, 12
-_SHAPE = 14
-#: The scatter header's length, in int64s.
-HEADER_WORDS = _SHAPE + MAX_DIMS
-_NOBODY = 2**62  # the rank (and least value) where nobody passed out=
-_HEADER_BYTES = HEADER_WORDS * 8
-_FIELDS_BYTES = _SHAPE * 8
-_ARRAY, _LIST = 0, 1
+__all__ = ["SHM_SCATTER_BYTES", "plan_scatter"]
 
 
 def plan_scatter(
@@ -102,11 +99,11 @@ def plan_scatter(
     if isinstance(blocks, (list, tuple)):  # (a tuple: ``list | tuple`` is made per call)
         parts, shapes = _check_list(blocks, n)
         own_shape = tuple(shapes[r].tolist())
-        fields = (DTYPE_CODES[parts[0].dtype], _LIST, shapes.shape[1], None)
+        fields = (DTYPE_CODES[parts[0].dtype], LIST, shapes.shape[1], None)
     else:
         flat, own_shape = _check_rows(blocks, n, uneven=uneven)
         parts = [flat]
-        fields = (DTYPE_CODES[flat.dtype], _ARRAY, len(own_shape), own_shape)
+        fields = (DTYPE_CODES[flat.dtype], ARRAY, len(own_shape), own_shape)
     dtype = parts[0].dtype
     own_count = math.prod(own_shape)
     if out is None:
@@ -125,7 +122,7 @@ def plan_scatter(
                 )
         assert isinstance(out, np.ndarray)
         box.append(out)
-    header = _start_header(r, fields, _out_fields(result if out is not None else None))
+    header = start_header(r, fields, out_fields(result if out is not None else None))
 
     async def scatter_from_root(spec: OpSpec) -> None:
         by = _scatter_by(world, forced, n * own_count * dtype.itemsize if shapes is None else -1)
@@ -138,13 +135,13 @@ def plan_scatter(
                 payload = (_copies.scatter_address(parts[0]),)
             elif shapes is not None:
                 payload = _list_payload(forced, parts, shapes, r)
-        h, _, slots = await _header_round(world, spec, header, checked_root, payload)
+        h, _, slots = await header_round(world, spec, header, checked_root, payload)
         if slots is not None:
             if by == "cma":
-                announced = _copies.scatter_words(world, spec, _HEADER_BYTES)
+                announced = _copies.scatter_words(world, spec, HEADER_BYTES)
             elif by != "pipe":
                 shm_done(world, spec)
-        any_out = h[_ANY_OUT]
+        any_out = h[ANY_OUT]
         if by == "shm":
             # The others copy theirs out of this rank's slot.
             result[...] = parts[0][r * own_count : (r + 1) * own_count]
@@ -284,11 +281,11 @@ def _scatter_elsewhere(
     """A non-root rank's step: learn the header, then receive this rank's block into
     ``target`` (``out``'s flat view) or a new array, which goes into ``box``."""
     n, r = world.size, world.rank
-    start = _start_header(r, None, _out_fields(target))
+    start = start_header(r, None, out_fields(target))
 
     async def scatter_to_here(spec: OpSpec) -> None:
-        h, header, slots = await _header_round(world, spec, start, root)
-        dtype = DTYPES[h[_DTYPE] - 1]
+        h, header, slots = await header_round(world, spec, start, root)
+        dtype = DTYPES[h[DTYPE] - 1]
 
         def prepare(shape: tuple[int, ...]) -> np.ndarray[Any, Any]:
             if target is None:
@@ -308,17 +305,17 @@ def _scatter_elsewhere(
             return target
 
         by = "tree"
-        if h[_FORM] == _LIST and slots is not None and _list_in_slot(slots[root], _HEADER_BYTES):
+        if h[FORM] == LIST and slots is not None and _list_in_slot(slots[root], HEADER_BYTES):
             _list_from_slot(
-                _copies.slot_bytes(world, spec)[root], _HEADER_BYTES, n, h[_NDIM], root, r, prepare
+                _copies.slot_bytes(world, spec)[root], HEADER_BYTES, n, h[NDIM], root, r, prepare
             )
             shm_done(world, spec)
-            if h[_ANY_OUT]:
+            if h[ANY_OUT]:
                 await _algorithms.barrier(world, spec)
             return
-        if h[_FORM] == _ARRAY:
-            shape = tuple(header[_SHAPE : _SHAPE + h[_NDIM]].tolist())
-            count = h[_COUNT]
+        if h[FORM] == ARRAY:
+            shape = tuple(header[SHAPE : SHAPE + h[NDIM]].tolist())
+            count = h[COUNT]
             if target is None:
                 box.append(np.empty(shape, dtype=dtype))
                 result = box[0].reshape(-1)
@@ -329,20 +326,20 @@ def _scatter_elsewhere(
             if by == "shm" and result.nbytes:
                 assert slots is not None
                 # The root's slot holds every block but its own, after the header.
-                at = _HEADER_BYTES + (r - (r > root)) * count * dtype.itemsize
+                at = HEADER_BYTES + (r - (r > root)) * count * dtype.itemsize
                 result.data.cast("B")[:] = slots[root][at : at + result.nbytes]
         if slots is not None and by not in ("cma", "pipe"):
             # The copy's end says done (the done words of the header round's publication).
             shm_done(world, spec)
         if by == "shm":
             return
-        if h[_FORM] == _ARRAY:
-            data = spec._replace(dtype_code=h[_DTYPE], count=count)
+        if h[FORM] == ARRAY:
+            data = spec._replace(dtype_code=h[DTYPE], count=count)
             if by == "cma":
                 # With a segment, the root's address came with the header (and this rank's
                 # done word waits for the end of the copy).
                 announced = (
-                    None if slots is None else _copies.scatter_words(world, spec, _HEADER_BYTES)
+                    None if slots is None else _copies.scatter_words(world, spec, HEADER_BYTES)
                 )
                 await _copies.cma_scatter(world, data, None, result, root, announced)
                 return
@@ -351,9 +348,9 @@ def _scatter_elsewhere(
                 return
             await _algorithms.tree_scatter(world, data, None, [count] * n, root, result)
             return
-        data = spec._replace(dtype_code=h[_DTYPE])
-        await _algorithms.tree_scatterv(world, data, root, h[_NDIM], None, None, prepare)
-        if h[_ANY_OUT]:
+        data = spec._replace(dtype_code=h[DTYPE])
+        await _algorithms.tree_scatterv(world, data, root, h[NDIM], None, None, prepare)
+        if h[ANY_OUT]:
             await _algorithms.barrier(world, spec)
 
     return scatter_to_here
@@ -403,200 +400,6 @@ def _list_from_slot(
     itemsize = into.itemsize
     at += sum(math.prod(shapes[q]) * itemsize for q in range(rank) if q != root)
     into.view(np.uint8)[...] = slot[at : at + into.nbytes]
-
-
-#: The header of a rank that passed no ``out=``, and not the root: nobody's dtype and
-#: count at the minima, -1 (by nobody) at the maxima; what :func:`_start_header` starts
-#: from.
-_BLANK = np.zeros(HEADER_WORDS, dtype=np.int64)
-_BLANK[[_DTYPE_MIN, _DTYPE_MIN + 1, _COUNT_MIN, _COUNT_MIN + 1]] = _NOBODY
-_BLANK[[_DTYPE_MAX, _COUNT_MAX]] = -1
-_BLANK[[_DTYPE_MAX + 1, _COUNT_MAX + 1]] = _NOBODY
-
-
-def _out_fields(target: np.ndarray[Any, Any] | None) -> tuple[int, int] | None:
-    """What a rank's header says of its ``out=`` (its flat view ``target``): dtype code and
-    element count; None without one."""
-    return None if target is None else (DTYPE_CODES[target.dtype], target.shape[0])
-
-
-@functools.lru_cache(maxsize=64)
-def _start_header(
-    rank: int,
-    root: tuple[int, int, int, tuple[int, ...] | None] | None,
-    out: tuple[int, int] | None,
-) -> np.ndarray[Any, Any]:
-    """The header ``rank`` starts the round with (read-only: through the segment it is
-    published as it is, over sockets :func:`_header_round` folds into a copy). ``root``:
-    on the root, its dtype code, form, the blocks' number of dimensions and, for one
-    array, the block shape (None for a list); None elsewhere. ``out``: see
-    :func:`_out_fields`. Kept for the calls a program makes again and again: setting the
-    fields one by one took 2-3 us of a 4-byte scatter of 20 (numpy item assignments)."""
-    header = _BLANK.copy()
-    if root is not None:
-        code, form, ndim, shape = root
-        header[_KNOWN], header[_DTYPE], header[_FORM], header[_NDIM] = 1, code, form, ndim
-        header[_COUNT] = -1 if shape is None else math.prod(shape)
-        if shape is not None:
-            header[_SHAPE : _SHAPE + ndim] = shape
-    if out is not None:
-        code, count = out
-        header[_ANY_OUT] = 1
-        header[_DTYPE_MIN : _DTYPE_MAX + 2] = (code, rank, code, rank)
-        header[_COUNT_MIN : _COUNT_MAX + 2] = (count, rank, count, rank)
-    header.flags.writeable = False
-    return header
-
-
-async def _header_round(
-    world: World,
-    spec: OpSpec,
-    start: np.ndarray[Any, Any],
-    root: int,
-    payload: Sequence[np.ndarray[Any, Any]] = (),
-) -> tuple[list[int], np.ndarray[Any, Any] | memoryview, list[memoryview] | None]:
-    """The header round from this rank's ``start`` (see :func:`_start_header`; the root
-    publishes ``payload`` after it where there is a segment). Returns the folded header's
-    fields before the shape, checked the same on every rank (:func:`_check_header`); the
-    root's header as int64s, whose shape words hold the block shape of one array (through
-    the segment, a view of the root's slot, valid until this rank says done); and every
-    rank's slot as bytes (what :func:`_copies.shm_post` returns), or None without a
-    segment.
-
-    Through the segment every rank's header is there at once, so the fold is one pass over
-    them (:func:`_fold`) instead of a merge per peer, and when nobody passed ``out=`` (the
-    usual call) it is the root's fields as they stand: merging each peer's took 2 us at
-    world 2, in a 4-byte scatter of 20."""
-    if world.shm is None:
-        merged = start.copy()
-        await _algorithms.disseminate(world, spec, merged, _merge)
-        return _check_header(world, spec, merged[:_SHAPE].tolist(), root), merged, None
-    slots = await _copies.shm_post(world, spec, start, payload)
-    # Read as the memoryviews shm_post returns, not as numpy views of every slot (the
-    # states, the bytes): the root waits for nobody, so its every microsecond is the call's.
-    # With the mismatch message made only on a mismatch, a 4-byte scatter at world 2 took
-    # 37.4-38.9 us back to back against 40.1-43.5 (three launches each, alternating), and
-    # in bench/paired.py 43.0 against 44.9 (64 KiB 45.9 against 49.4, 256 KiB 54.6 against
-    # 58.5).
-    fields = _fold([slot[:_FIELDS_BYTES].cast("q").tolist() for slot in slots], root)
-    header = slots[root][:_HEADER_BYTES].cast("q")
-    return _check_header(world, spec, fields, root), header, slots
-
-
-def _fold(states: list[list[int]], root: int) -> list[int]:
-    """Every rank's header fields before the shape (``states``, in rank order) folded into
-    one, as :func:`_merge` folds them pairwise: the root's, with the least and greatest
-    ``out=`` dtype code and element count (ties to the lowest rank) where any rank passed
-    one. Where every ``out=`` fits the root's blocks (the usual call that passes them),
-    each extreme is the root's dtype and count, and which rank holds it changes nothing
-    that :func:`_check_header` does: the first rank that passed one stands for all, and
-    the search for the extremes (2 us at world 2, in a 4-byte scatter of 20) is left out."""
-    folded = states[root]
-    code, count, array = folded[_DTYPE], folded[_COUNT], folded[_FORM] == _ARRAY
-    first, fits = -1, True
-    for q, state in enumerate(states):
-        if state[_ANY_OUT]:
-            if first < 0:
-                first = q
-            if state[_DTYPE_MIN] != code or (array and state[_COUNT_MIN] != count):
-                fits = False
-    if first < 0:
-        return folded
-    folded = list(folded)
-    folded[_ANY_OUT] = 1
-    if fits:
-        folded[_DTYPE_MIN:_SHAPE] = states[first][_DTYPE_MIN:_SHAPE]
-        return folded
-    for state in states:
-        _take_extremes(folded, state)
-    return folded
-
-
-def _take_extremes(folded: list[int], state: list[int]) -> bool:
-    """Fold one rank's ``out=`` extremes (header fields as ints) into ``folded``'s: the
-    least and greatest dtype code and element count, ties to the lowest rank. Whether
-    ``folded`` changed."""
-    changed = False
-    for at in (_DTYPE_MIN, _COUNT_MIN):
-        if (state[at], state[at + 1]) < (folded[at], folded[at + 1]):
-            folded[at : at + 2], changed = state[at : at + 2], True
-    for at in (_DTYPE_MAX, _COUNT_MAX):
-        if (state[at], -state[at + 1]) > (folded[at], -folded[at + 1]):
-            folded[at : at + 2], changed = state[at : at + 2], True
-    return changed
-
-
-def _merge(mine: np.ndarray, theirs: np.ndarray) -> None:
-    """Fold a peer's header into this rank's (idempotent, so the dissemination's overlaps
-    in worlds that are not powers of two do no harm). Compared as Python ints: numpy
-    scalars cost a few times more per comparison, and there are a dozen."""
-    m, t = mine[:_SHAPE].tolist(), theirs[:_SHAPE].tolist()
-    if not m[_KNOWN] and t[_KNOWN]:
-        mine[_KNOWN:_ANY_OUT] = theirs[_KNOWN:_ANY_OUT]
-        mine[_SHAPE:] = theirs[_SHAPE:]
-    if t[_ANY_OUT] and not m[_ANY_OUT]:
-        mine[_ANY_OUT] = 1
-    if _take_extremes(m, t):
-        mine[_DTYPE_MIN:_SHAPE] = m[_DTYPE_MIN:_SHAPE]
-
-
-def _check_header(world: World, spec: OpSpec, h: list[int], root: int) -> list[int]:
-    """Raise, the same on every rank, unless the root's header is in and every ``out=``
-    passed anywhere fits it (``h``: the folded header's fields before the shape, as ints);
-    return ``h``."""
-    r = world.rank
-    code = h[_DTYPE]
-    if (
-        not h[_KNOWN]
-        or not 0 < code <= len(DTYPES)
-        or h[_FORM] not in (_ARRAY, _LIST)
-        or not 0 <= h[_NDIM] <= MAX_DIMS
-        or (h[_FORM] == _ARRAY and h[_COUNT] < 0)
-    ):
-        raise ProtocolError(
-            f"rank {r}: {spec.named()}: no valid header from root {root}: {h}",
-            rank=r,
-            peer=root,
-            job_id=job_id(world),
-            collective=spec.kind.label,
-            seq=spec.seq,
-        )
-    if not h[_ANY_OUT]:
-        return h
-    dtype = DTYPES[code - 1]
-    for at in (_DTYPE_MIN, _DTYPE_MAX):
-        if h[at] != code:
-            peer = h[at + 1]
-            other = DTYPES[h[at] - 1] if 0 < h[at] <= len(DTYPES) else "?"
-            raise mismatch(
-                world,
-                spec,
-                root if peer == r else peer,
-                f"{_what(spec, root, peer, r)} out= has dtype {other}, root {root} scatters "
-                f"{dtype.name}",
-            )
-    if h[_FORM] != _ARRAY:
-        return h
-    count = h[_COUNT]
-    for at in (_COUNT_MIN, _COUNT_MAX):
-        if h[at] != count:
-            peer = h[at + 1]
-            raise mismatch(
-                world,
-                spec,
-                root if peer == r else peer,
-                f"{_what(spec, root, peer, r)} out= holds {h[at]} elements, root {root}'s "
-                f"blocks hold {count}",
-            )
-    return h
-
-
-def _what(spec: OpSpec, root: int, peer: int, rank: int) -> str:
-    """The start of a mismatch's message: the call, and whose ``out=`` does not fit (made
-    only when one does not: the string cost 1 us of every 4-byte scatter that passed
-    ``out=``)."""
-    whose = "this rank's" if peer == rank else f"rank {peer}'s"
-    return f"{spec.kind.label}(root={root}) #{spec.seq}: {whose}"
 
 
 def _name(value: object) -> str:
