@@ -1,17 +1,17 @@
-"""Chaos trials: random collectives with one random fault, judged on every rank.
+"""Chaos trials: random collectives with one or two random faults, judged on every rank.
 
 Each trial forks a world (2-4 ranks: Unix sockets with the one-host paths, without the
 shared segment, or without any of them; or TCP on loopback) of ``workers/chaos_worker.py``, whose ranks draw
 the same plan from the trial's seed: a few collectives, on the world or on a
 sub-communicator made from it, in half the trials beside a ``dup()`` of the world running
-calls of its own in another task, and one fault on one rank (see the worker). The trial
-passes when
+calls of its own in another task, and one fault on one rank, in a third of the trials a
+second on another (see the worker). The trial passes when
 
 - every rank's process ends within ``TRIAL_S`` (no hang; the worker also bounds each call);
 - every result a rank got before it raised is right (the worker checks them against numpy);
-- every rank but the victim either completed every call, where the fault never took effect
-  (the victim's cancel came after its call had ended, or its kill after its last call), or
-  raised a trioring error at or after the faulty call that names the victim (``rank V``,
+- every rank but the victims either completed every call, where no fault took effect
+  (a victim's cancel came after its call had ended, or its kill after its last call), or
+  raised a trioring error at or after the first faulty call that names a victim (``rank V``,
   V its rank in the communicator the calls ran on, in the message or its notes), or, as
   the failure model allows, a ``PeerFailedError`` that names another rank whose connection
   ended without a word about why (a rank that gave up because of the victim in the middle
@@ -19,7 +19,7 @@ passes when
   the others for the cause, for a while). Those are counted apart, as imprecise;
 - on the communicator beside, every rank completed every call, or its call there was
   cancelled because its first task failed, or it raised a trioring error that names the
-  victim or a rank whose call there was so cancelled (and, in the first communicator, an
+  victims or a rank whose call there was so cancelled (and, in the first communicator, an
   error may name such a rank too: it gave up there because its task beside failed).
 
 ``test_chaos.py`` runs a fixed set of seeds. To hunt with more, run it as a script::
@@ -117,30 +117,36 @@ def judge(
     what was imprecise."""
     wrong: list[str] = []
     imprecise: list[str] = []
-    victim, fault = plan["victim"], plan["fault"]
+    faults = _worker.faults(plan)
     for rank, code in codes.items():
         if code is None:
             wrong.append(f"rank {rank} still ran after {TRIAL_S:.0f} s: a hang")
-    report = reports[victim]
-    kills = fault in ("kill", "kill_before")
-    if codes[victim] not in ((0, -signal.SIGKILL, None) if kills else (0, None)):
-        wrong.append(f"the victim, rank {victim}, exited with {codes[victim]}")
-    # Whether the others may complete every call: the fault came too late to matter.
-    if fault == "kill":
-        finished = codes[victim] == 0 or bool(report and report.get("final"))
-    elif fault == "cancel":
-        finished = bool(report and not report.get("cancelled"))
-    else:
-        finished = False
-    error = report and report.get("error")
-    if error and fault != "raise" and (not error["trioring"] or error["type"] == "TooSlowError"):
-        wrong.append(f"the victim, rank {victim}, raised {_text(error)}")
-    # The ranks that gave up in each communicator: the victim, and the ranks whose call
+    # Whether the others may complete every call: every fault came too late to matter.
+    finished = True
+    for victim, fault in faults.items():
+        report = reports[victim]
+        kills = fault["fault"] in ("kill", "kill_before")
+        if codes[victim] not in ((0, -signal.SIGKILL, None) if kills else (0, None)):
+            wrong.append(f"the victim, rank {victim}, exited with {codes[victim]}")
+        if fault["fault"] == "kill":
+            finished &= codes[victim] == 0 or bool(report and report.get("final"))
+        elif fault["fault"] == "cancel":
+            finished &= bool(report and not report.get("cancelled"))
+        else:
+            finished = False
+        error = report and report.get("error")
+        if (
+            error
+            and not report.get("raised")
+            and (not error["trioring"] or error["type"] == "TooSlowError")
+        ):
+            wrong.append(f"the victim, rank {victim}, raised {_text(error)}")
+    # The ranks that gave up in each communicator: the victims, and the ranks whose call
     # there was cancelled because their task beside failed. Errors may name any of them.
-    gave_up = {victim} | _cancelled(reports, None)
-    beside_gave_up = {victim} | _cancelled(reports, "beside")
+    gave_up = set(faults) | _cancelled(reports, None)
+    beside_gave_up = set(faults) | _cancelled(reports, "beside")
     for rank in range(n):
-        if rank == victim or codes[rank] is None:
+        if rank in faults or codes[rank] is None:
             continue
         report = reports[rank]
         if codes[rank] != 0 or report is None:
@@ -172,8 +178,10 @@ def _judge_first(
     wrong: list[str],
     imprecise: list[str],
 ) -> None:
-    """Judge how the calls on the first communicator ended on ``rank``, not the victim."""
-    victim, at, fault = plan["victim"], plan["at"], plan["fault"]
+    """Judge how the calls on the first communicator ended on ``rank``, not a victim."""
+    faults = _worker.faults(plan)
+    victims = set(faults)
+    at = min(fault["at"] for fault in faults.values())  # the first call a fault can touch
     # The rank where the calls ran (errors name that rank, and add a note that maps a
     # split's ranks to the world's); an error while the split was made names world ranks.
     reversed_ranks = plan["comm"] == "reversed"
@@ -188,21 +196,21 @@ def _judge_first(
         if report.get("completed") != len(plan["calls"]) + 1:
             wrong.append(f"rank {rank} neither completed nor raised")
         elif not finished:
-            wrong.append(f"rank {rank} completed every call, but the {fault} took effect")
+            wrong.append(f"rank {rank} completed every call, but a fault took effect")
         return
     text = _text(error)
     where = report.get("failed_at", "close")
     first_open = plan["comm"] == "world" and not plan["beside"]
     named = {q for q in gave_up if q != rank}
+    cascades = named - victims
     if where == "open":
-        named = {victim}
+        named = victims
     elif reversed_ranks:
         named = {n - 1 - q for q in named}
+        cascades = {n - 1 - q for q in cascades}
     said = any(f"rank {q}" in text for q in named)
-    # A rank that gave up because of its task beside may fail the call before the fault's.
-    cascade = any(
-        f"rank {q}" in text for q in named - {n - 1 - victim if reversed_ranks else victim}
-    )
+    # A rank that gave up because of its task beside may fail a call before the faults'.
+    cascade = any(f"rank {q}" in text for q in cascades)
     if error["type"] == "TooSlowError":
         wrong.append(f"rank {rank} hung in call {where}: {text}")
     elif not error["trioring"]:
@@ -213,8 +221,8 @@ def _judge_first(
         wrong.append(f"rank {rank} raised in call {where}, before the fault: {text}")
     elif not said:
         (imprecise if _lost(error) else wrong).append(
-            f"rank {rank}'s error does not name any of ranks {sorted(named)} (the victim is "
-            f"{victim} in the world): {text}"
+            f"rank {rank}'s error does not name any of ranks {sorted(named)} (the victims "
+            f"are {sorted(victims)} in the world): {text}"
         )
 
 
@@ -229,13 +237,15 @@ def _judge_beside(
     """Judge how the calls on the communicator beside the first (a ``dup()`` of the world:
     the same ranks) ended on every rank: completed, cancelled by a failure of the rank's
     first communicator, or raised naming a rank that gave up there."""
-    victim, fault = plan["victim"], plan["fault"]
+    faults = _worker.faults(plan)
     last = len(plan["beside"]) + 1
-    victim_report = reports[victim] or {}
     # A victim killed before it began the final barrier beside never published it.
-    killed_early = codes[victim] == -signal.SIGKILL and not victim_report.get("beside", {}).get(
-        "final"
-    )
+    killed_early = [
+        victim
+        for victim in faults
+        if codes[victim] == -signal.SIGKILL
+        and not (reports[victim] or {}).get("beside", {}).get("final")
+    ]
     for rank, code in codes.items():
         report = reports[rank]
         if code != 0 or report is None:
@@ -243,7 +253,7 @@ def _judge_beside(
         entry = report.get("beside", {})
         error = entry.get("error")
         if "cancelled_at" in entry:
-            if not (report.get("error") or (rank == victim and fault == "raise")):
+            if not (report.get("error") or report.get("raised")):
                 wrong.append(
                     f"rank {rank}'s call {entry['cancelled_at']} beside was cancelled, not by its first task"
                 )
@@ -264,9 +274,10 @@ def _judge_beside(
                 )
         elif entry.get("completed") != last:
             wrong.append(f"rank {rank} neither completed nor raised beside")
-        elif killed_early and rank != victim:
+        elif killed_early:
             wrong.append(
-                f"rank {rank} completed every call beside, but rank {victim} was killed before the last"
+                f"rank {rank} completed every call beside, but rank {killed_early[0]} was "
+                "killed before the last"
             )
 
 

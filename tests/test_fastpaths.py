@@ -322,6 +322,42 @@ async def test_a_peer_that_finished_the_call_and_closed_leaves_it_to_complete(
     )
 
 
+@pytest.mark.parametrize(
+    ("kind", "subject", "said"),
+    [
+        (AbortKind.CANCELLED, 2, "rank 2 cancelled"),
+        (AbortKind.FAILED, 1, "rank 1 failed (relayed by rank 2)"),
+    ],
+)
+async def test_a_peer_that_finished_the_call_and_gave_up_in_the_next_leaves_it_to_complete(
+    autojump_clock: object, kind: AbortKind, subject: int, said: str
+) -> None:
+    """Rank 2 finished call 5, then gave up in call 6 (cancelled, or it saw rank 1 fail
+    there): its abort frame sits on its link while this rank still waits in call 5 for
+    rank 1, long enough for a watch to read it. Call 5 may still complete, as the failure
+    model promises a canceller's peers, on rank 1's frame (rank 1's own connection says
+    whether it failed); the abort is left for a receive of call 6, which raises it. (Chaos
+    seed 10 over TCP: a survivor still in a call that a killed rank had finished raised
+    there on a peer's news about the next one.)"""
+    spec = OpSpec(Kind.ALLREDUCE, 5, dtype_code=1, count=4, op_code=1)
+    async with socket_links(2) as (links, theirs):
+        await Link(2, 0, theirs[1]).send_abort(kind, subject, 6, "cancelled", 2)
+
+        async def answer_later() -> None:
+            await trio.sleep(1)  # long past the watch threshold
+            await Link(1, 0, theirs[0]).send(spec, 0, memoryview(b"\x01" * 16))
+
+        got = bytearray(16)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(answer_later)
+            await links[0].recv(spec, 0, memoryview(got))
+        assert bytes(got) == b"\x01" * 16
+        with pytest.raises(trioring.CollectiveError) as info:
+            await links[1].recv(spec._replace(seq=6), 0, memoryview(bytearray(16)))
+    assert info.value.peer == subject
+    assert said in str(info.value)
+
+
 async def test_a_peer_that_closed_during_the_call_breaks_it(autojump_clock: object) -> None:
     """Rank 2 closed its communicator while call 5 ran there (another task closed it): a
     watch that reads its notice ends this rank's wait in call 5 on rank 1 with it."""

@@ -11,7 +11,9 @@ names is a sub-communicator's, not the world's). In half the trials a second com
 a ``dup()`` of the world made before the first, runs calls of its own at the same time, in
 another task of the same nursery: a failure in either task cancels the other's call, as in
 any Trio program, so the fault's news must cross from one communicator to the other through
-the ranks that give up. Every rank checks every result it gets against numpy, and
+the ranks that give up. In a third of the trials a second rank has a fault of its own
+(drawn the same way, at its own call of the first communicator), so that two failures
+cross. Every rank checks every result it gets against numpy, and
 records in ``w{RANK}.json``, for each communicator: how many calls it completed, and the
 error that ended its run, or the call its task was cancelled in (any exception: the driver
 judges whether it was the right one). A call that takes longer than ``HANG_S`` is cancelled
@@ -95,9 +97,27 @@ def plan(seed: int, n: int) -> dict[str, Any]:
         # existed.
         "comm": str(rng.choice(COMMS)),
     }
-    # Drawn last, likewise: the calls of a communicator beside the first, or none.
+    # Drawn after, likewise: the calls of a communicator beside the first, or none.
     trial["beside"] = _calls(rng, n) if rng.integers(2) else []
+    # Drawn last, likewise: a second rank's fault, or none.
+    trial["second"] = None
+    if rng.integers(3) == 0:
+        trial["second"] = {
+            "victim": int((trial["victim"] + rng.integers(1, n)) % n),
+            "at": int(rng.integers(len(calls))),
+            "fault": str(rng.choice(FAULTS)),
+            "delay": float(rng.choice(DELAYS)),
+        }
     return trial
+
+
+def faults(trial: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    """The faults of ``trial`` (a plan) by the world rank of their victim: each with its
+    ``at``, ``fault`` and ``delay``."""
+    found = {trial["victim"]: {key: trial[key] for key in ("at", "fault", "delay")}}
+    if trial["second"]:
+        found[trial["second"]["victim"]] = trial["second"]
+    return found
 
 
 def inputs(i: int, r: int, length: int) -> np.ndarray:
@@ -189,11 +209,11 @@ async def trial(reporter: _worker_util.Reporter, comm: trioring.Communicator, se
     trial = plan(seed, comm.world_size)
     report = reporter.report
     report.update(plan=trial, rank=comm.rank, features=sorted(comm.features), completed=0)
-    # The victim is a world rank (a process), whichever rank it has in ``comm``.
-    victim = int(os.environ["RANK"]) == trial["victim"]
+    # A victim is a world rank (a process), whichever rank it has in ``comm``.
+    mine = faults(trial).get(int(os.environ["RANK"]))
     for i, call in enumerate(trial["calls"]):
         run = make_call(comm, i, call)
-        fault = trial["fault"] if victim and i == trial["at"] else None
+        fault = mine["fault"] if mine and i == mine["at"] else None
         if fault == "kill_before":
             os.kill(os.getpid(), signal.SIGKILL)
         if fault == "leave":
@@ -206,10 +226,10 @@ async def trial(reporter: _worker_util.Reporter, comm: trioring.Communicator, se
         try:
             with trio.fail_after(HANG_S):
                 if fault == "kill":
-                    kill_after(trial["delay"])
+                    kill_after(mine["delay"])
                     await run()
                 elif fault == "cancel":
-                    with trio.move_on_after(trial["delay"]) as scope:
+                    with trio.move_on_after(mine["delay"]) as scope:
                         await run()
                     if scope.cancelled_caught:
                         report["cancelled"] = True
