@@ -29,13 +29,16 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import _worker_util
 import numpy as np
 import trio
 
 import trioring
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
 
 #: A call that has not ended after this long is a hang (a healthy call here takes < 0.1 s,
 #: a failure is noticed within about a second).
@@ -202,6 +205,29 @@ def kill_after(delay: float) -> None:
     threading.Thread(target=kill, daemon=True).start()
 
 
+@contextlib.contextmanager
+def _bounded(
+    reporter: _worker_util.Reporter, report: dict[str, Any], step: str, at: int
+) -> Iterator[None]:
+    """Bound call ``at`` (``step`` in the steps) of ``report``'s communicator by ``HANG_S``,
+    and record how it ended if it did not complete: its error, or that it was cancelled
+    (the task beside failed; as a group of nothing but ``Cancelled``, too)."""
+    started = time.monotonic()
+    try:
+        with trio.fail_after(HANG_S):
+            yield
+    except Exception as exc:
+        reporter.record(step, started, exc)
+        report["error"] = reporter.report["steps"][step]["error"]
+        report["failed_at"] = at
+        raise
+    except BaseException as exc:
+        if _worker_util.is_cancellation(exc):
+            report["cancelled_at"] = at
+            reporter.save()
+        raise
+
+
 async def trial(reporter: _worker_util.Reporter, comm: trioring.Communicator, seed: int) -> None:
     """Run the plan of ``seed`` on this rank. A call that fails is recorded, then its error
     propagates out of ``async with``, as in a program that does not catch it: the
@@ -222,31 +248,18 @@ async def trial(reporter: _worker_util.Reporter, comm: trioring.Communicator, se
         if fault == "raise":
             report["raised"] = True
             raise RuntimeError("chaos: the victim raises inside async with")
-        started = time.monotonic()
-        try:
-            with trio.fail_after(HANG_S):
-                if fault == "kill":
-                    kill_after(mine["delay"])
+        with _bounded(reporter, report, f"call{i}", i):
+            if fault == "kill":
+                kill_after(mine["delay"])
+                await run()
+            elif fault == "cancel":
+                with trio.move_on_after(mine["delay"]) as scope:
                     await run()
-                elif fault == "cancel":
-                    with trio.move_on_after(mine["delay"]) as scope:
-                        await run()
-                    if scope.cancelled_caught:
-                        report["cancelled"] = True
-                        return
-                else:
-                    await run()
-        except Exception as exc:
-            reporter.record(f"call{i}", started, exc)
-            report["error"] = report["steps"][f"call{i}"]["error"]
-            report["failed_at"] = i
-            raise
-        except BaseException as exc:
-            # A group of nothing but Cancelled, too (see trioring's failure model).
-            if _worker_util.is_cancellation(exc):
-                report["cancelled_at"] = i  # the task beside failed
-                reporter.save()
-            raise
+                if scope.cancelled_caught:
+                    report["cancelled"] = True
+                    return
+            else:
+                await run()
         report["completed"] = i + 1
         reporter.save()
     await _final(reporter, report, comm, "final", len(trial["calls"]))
@@ -264,21 +277,8 @@ async def _final(
     # others complete it (see the failure model).
     report["final"] = True
     reporter.save()
-    started = time.monotonic()
-    try:
-        with trio.fail_after(HANG_S):
-            await comm.barrier()
-    except Exception as exc:
-        reporter.record(step, started, exc)
-        report["error"] = reporter.report["steps"][step]["error"]
-        report["failed_at"] = calls
-        raise
-    except BaseException as exc:
-        # A group of nothing but Cancelled, too (see trioring's failure model).
-        if _worker_util.is_cancellation(exc):
-            report["cancelled_at"] = calls
-            reporter.save()
-        raise
+    with _bounded(reporter, report, step, calls):
+        await comm.barrier()
     report["completed"] = calls + 1
     reporter.save()
 
@@ -294,21 +294,8 @@ async def beside(
     reporter.report["beside"] = report
     for i, call in enumerate(calls):
         run = make_call(comm, BESIDE_FROM + i, call)
-        started = time.monotonic()
-        try:
-            with trio.fail_after(HANG_S):
-                await run()
-        except Exception as exc:
-            reporter.record(f"beside{i}", started, exc)
-            report["error"] = reporter.report["steps"][f"beside{i}"]["error"]
-            report["failed_at"] = i
-            raise
-        except BaseException as exc:
-            # A group of nothing but Cancelled, too (see trioring's failure model).
-            if _worker_util.is_cancellation(exc):
-                report["cancelled_at"] = i
-                reporter.save()
-            raise
+        with _bounded(reporter, report, f"beside{i}", i):
+            await run()
         report["completed"] = i + 1
         reporter.save()
     await _final(reporter, report, comm, "beside_final", len(calls))
