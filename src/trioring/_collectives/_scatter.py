@@ -4,10 +4,10 @@ The contracts are the docstrings of :meth:`trioring.Communicator.scatter` and
 :meth:`~trioring.Communicator.scatterv`.
 
 Only the root knows the dtype and shapes, so the first round is a dissemination of a fixed
-header of ``HEADER_WORDS`` int64s (through the shared segment where there is one: every
-rank publishes its header and, once all are there, folds them in one pass, see
-:func:`._scatter_header.fold`; otherwise by frames of dtype int64 and count ``HEADER_WORDS``, round k
-sending to rank + 2^k, each rank merging what it receives). The root's header travels with
+header of ``HEADER_WORDS`` int64s (see _scatter_header: through the shared segment where
+there is one, every rank publishes its header and, once all are there, folds them in one
+pass; otherwise by frames of dtype int64 and count ``HEADER_WORDS``, round k sending to
+rank + 2^k, each rank merging what it receives). The root's header travels with
 every token, and every rank folds in the dtypes and element counts of the ``out=`` arrays
 passed anywhere as their minimum and maximum; after it every rank knows the root's dtype and
 block shape and whether every ``out=`` fits, the same on every rank. Through the segment,
