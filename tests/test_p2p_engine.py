@@ -755,29 +755,38 @@ async def test_send_after_last_chunk_waits_for_done(
         assert outcome == ["sent"]
 
 
+@contextlib.asynccontextmanager
+async def _rejecting_world(pull: bool) -> AsyncIterator[tuple[World, dict[tuple[int, int], Gated]]]:
+    """Two ranks with gated connections for a 2000-element message that rank 1 will
+    REJECT: rank 1's reader stops in the first DATA frame (or before the PULL), and rank
+    0 gets the CTS but not (yet) what follows it. The gates, by (from, to), let the rest
+    through."""
+    gates: dict[tuple[int, int], Gated] = {}
+    async with open_world(
+        2, wrap=_gate_receiver(gates), eager_bytes=0, chunk_bytes=1000, pull=pull
+    ) as w:
+        gates[1, 0].allow(HEADER.size + 8 + (HEADER.size // 2 if pull else HEADER.size + 100))
+        gates[0, 1].allow(HEADER.size)  # the sender gets the CTS, not the REJECT (yet)
+        yield w, gates
+
+
 @pytest.mark.parametrize("pull", [False, True], ids=["data", "pull"])
 async def test_recv_cancelled_after_matching_unsent_cts(
     autojump_clock: trio.abc.Clock, pull: bool
 ) -> None:
     """Cancel a receive, then another, while the message is rejected: still delivered whole
     (the receiver's reader stops in the first DATA frame, or before the PULL)."""
-    gates: dict[tuple[int, int], Gated] = {}
     data = sample((2000,))
-    async with open_world(
-        2, wrap=_gate_receiver(gates), eager_bytes=0, chunk_bytes=1000, pull=pull
-    ) as w:
-        gates[1, 0].allow(HEADER.size + 8 + (HEADER.size // 2 if pull else HEADER.size + 100))
-        gates[0, 1].allow(HEADER.size)  # the sender gets the CTS, not the REJECT (yet)
-        async with trio.open_nursery() as nursery:
-            nursery.start_soon(w.send, 0, 1, 0, data)
-            with trio.move_on_after(1):
-                await w.recv(1, 0, 0)
-            gates[1, 0].allow(None)
-            with trio.move_on_after(1):
-                await w.recv(1, 0, 0)  # matches the rejected message; no RESTART yet
-            gates[0, 1].allow(None)
-            _, got = await w.recv(1, 0, 0)
-            np.testing.assert_array_equal(got, data)
+    async with _rejecting_world(pull) as (w, gates), trio.open_nursery() as nursery:
+        nursery.start_soon(w.send, 0, 1, 0, data)
+        with trio.move_on_after(1):
+            await w.recv(1, 0, 0)
+        gates[1, 0].allow(None)
+        with trio.move_on_after(1):
+            await w.recv(1, 0, 0)  # matches the rejected message; no RESTART yet
+        gates[0, 1].allow(None)
+        _, got = await w.recv(1, 0, 0)
+        np.testing.assert_array_equal(got, data)
 
 
 @pytest.mark.parametrize("pull", [False, True], ids=["data", "pull"])
@@ -790,13 +799,8 @@ async def test_leaving_while_a_rejected_message_waits_for_its_restart(
     receiver left, and the connection carries the next communicator's messages. Found by
     the chaos trials (seed 344: a sendrecv ring whose receive was cancelled when its send
     failed, and the rank left on that error; its peer saw a bare closed connection)."""
-    gates: dict[tuple[int, int], Gated] = {}
     data = sample((2000,))
-    async with open_world(
-        2, wrap=_gate_receiver(gates), eager_bytes=0, chunk_bytes=1000, pull=pull
-    ) as w:
-        gates[1, 0].allow(HEADER.size + 8 + (HEADER.size // 2 if pull else HEADER.size + 100))
-        gates[0, 1].allow(HEADER.size)  # the sender gets the CTS, not the REJECT (yet)
+    async with _rejecting_world(pull) as (w, gates):
         async with trio.open_nursery() as nursery:
 
             async def send() -> None:
