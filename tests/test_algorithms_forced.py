@@ -305,19 +305,24 @@ MiB = 1 << 20
 
 
 @pytest.mark.parametrize(
-    ("vendor", "reduce", "allgather", "alltoall"),
+    ("vendor", "reduce", "allgather", "alltoall", "pushed_reduce"),
     [
-        ("GenuineIntel", 2 * MiB, 2 * MiB, 0),
-        ("AuthenticAMD", 4 * MiB, 8 * MiB, _limits.ANY_SIZE),
-        ("HygonGenuine", 4 * MiB, 8 * MiB, _limits.ANY_SIZE),
-        ("", 4 * MiB, 8 * MiB, _limits.ANY_SIZE),
+        ("GenuineIntel", 2 * MiB, 2 * MiB, 0, 0),
+        ("AuthenticAMD", 4 * MiB, 8 * MiB, _limits.ANY_SIZE, 4 * MiB),
+        ("HygonGenuine", 4 * MiB, 8 * MiB, _limits.ANY_SIZE, 4 * MiB),
+        ("", 4 * MiB, 8 * MiB, _limits.ANY_SIZE, 4 * MiB),
     ],
 )
 def test_the_pipes_limits_go_by_cpu_vendor(
-    vendor: str, reduce: int, allgather: int, alltoall: int
+    vendor: str, reduce: int, allgather: int, alltoall: int, pushed_reduce: int
 ) -> None:
     limits = _limits.pipe_limits(vendor)
-    assert (limits.reduce, limits.allgather, limits.alltoall) == (reduce, allgather, alltoall)
+    assert (limits.reduce, limits.allgather, limits.alltoall, limits.pushed_reduce) == (
+        reduce,
+        allgather,
+        alltoall,
+        pushed_reduce,
+    )
 
 
 def test_this_machines_pipe_limits_are_its_vendors() -> None:
@@ -331,11 +336,32 @@ def test_this_machines_pipe_limits_are_its_vendors() -> None:
         _decision.PIPE_MAX_ALLGATHER_BYTES,
         _decision.PIPE_MAX_ALLTOALL_BYTES,
     )
+    assert limits.pushed_reduce == _decision.PIPE_MAX_PUSHED_REDUCE_BYTES
     # Every reduction takes it: the pipe up to it, cross-memory attach above.
     for nbytes, algorithm in ((PIPE_MAX_REDUCE_BYTES, "pipe"), (PIPE_MAX_REDUCE_BYTES + 4, "cma")):
         assert _decision.allreduce(nbytes, 1024, True, SMALL_ALLREDUCE_BYTES) == algorithm
         assert _decision.reduce_scatter(nbytes, SMALL_ALLREDUCE_BYTES, 1024, True) == algorithm
         assert _decision.reduce(nbytes, 4, 1024, True) == algorithm
+
+
+def test_pushing_ranks_take_the_pipes_pushed_limit_for_allreduce_and_reduce() -> None:
+    """Where the ranks push, allreduce and reduce leave the pipe above
+    PIPE_MAX_PUSHED_REDUCE_BYTES (0 on Intel CPUs: every call the slots cannot take goes by
+    cross-memory attach); reduce_scatter, which never pushes, keeps PIPE_MAX_REDUCE_BYTES;
+    without cross-memory attach the pipe takes them all."""
+    limit = _decision.pipe_reduce_limit(True)
+    assert limit == _decision.PIPE_MAX_PUSHED_REDUCE_BYTES
+    assert _decision.pipe_reduce_limit(False) == PIPE_MAX_REDUCE_BYTES
+    slots = 1024
+    for nbytes in (slots + 4, limit, limit + 4, 64 * MiB):
+        if nbytes <= slots:
+            continue  # the slots' (a limit of 0)
+        expected = "pipe" if nbytes <= limit else "cma"
+        small = SMALL_ALLREDUCE_BYTES
+        assert _decision.allreduce(nbytes, slots, True, small, push=True) == expected
+        assert _decision.reduce(nbytes, 4, slots, True, push=True) == expected
+        assert _decision.allreduce(nbytes, slots, False, small, push=True) == "pipe"
+        assert _decision.reduce(nbytes, 4, slots, False, push=True) == "pipe"
 
 
 def test_barrier_decision() -> None:

@@ -194,9 +194,10 @@ class Communicator(
         ``PIPE_MAX_REDUCE_BYTES`` (with a segment) or ``CMA_MIN_BYTES`` (without) go by
         it instead: each rank reduces its ``1/n`` segment by reading the peers'
         arrays directly and then copies the other finished segments, each byte copied once;
-        with ``"push"`` in :attr:`features`, every array the slots cannot take goes this
-        way, each rank writing each finished piece of its segment straight into the
-        others' arrays instead (a rank that leaves early waits for the writes in progress
+        with ``"push"`` in :attr:`features`, every array above
+        ``PIPE_MAX_PUSHED_REDUCE_BYTES`` goes this way (on Intel CPUs every array the slots
+        cannot take; elsewhere it is ``PIPE_MAX_REDUCE_BYTES``), each rank writing each
+        finished piece of its segment straight into the others' arrays instead (a rank that leaves early waits for the writes in progress
         into its array to stop, as :meth:`broadcast` says).
         Otherwise, up to ``SMALL_ALLREDUCE_BYTES``, recursive doubling (``ceil(log2 n)``
         exchanges of the whole array: latency-bound sizes); above, ring reduce-scatter then

@@ -5,7 +5,8 @@ each other's (``_onehost._push``).
 ``python push_worker.py MODE OUT_DIR`` under the forked launcher, on one host (Unix
 sockets). Every rank but in ``natural`` mode first sets its segment's agreed CPU count to 64
 (the same on every rank, so every rank's decision table agrees; as if the host had them),
-so that the ranks push at any world size on any machine. Every ``process_vm_writev`` of
+so that the ranks push at any world size on any machine, and forces allreduce and reduce
+by cross-memory attach, which the table picks at every size here on Intel CPUs only. Every ``process_vm_writev`` of
 the rank goes through a counter; ``push_into`` and ``pushed`` are counted.
 
 Modes:
@@ -29,9 +30,9 @@ Modes:
 - ``write-fails-in-broadcast``, ``-allreduce``, ``-reduce``: rank 0's first write fails as
   ``process_vm_writev`` fails when the peer is gone (ESRCH): rank 0 must raise
   ``PeerFailedError`` naming rank 1, and every rank raise.
-- ``natural``: the CPU count left as the ranks agreed it; one broadcast of 1 MiB + 4 bytes
-  from rank 0 and one allreduce of that size, checked on every rank; reports which
-  algorithms took them and whether the ranks wrote.
+- ``natural``: the CPU count and the decision table left as the ranks agreed them; one
+  broadcast of 1 MiB + 4 bytes from rank 0 and one allreduce of that size, checked on
+  every rank; reports which algorithms took them and whether the ranks wrote.
 
 ``PUSH_OFF_RANK=r`` makes rank r refuse pushing (``TRIORING_PUSH=0``). Writes
 ``rank{r}.json`` and exits 0 (errors of the collectives are recorded, not raised).
@@ -61,6 +62,7 @@ _worker_util.count_calls(CALLS, _cma_collectives, "cma_broadcast")
 _worker_util.count_calls(CALLS, _cma_reductions, "_reduce_pushed")
 _worker_util.count_calls(CALLS, _cma_reductions, "_reduce_segments")
 _worker_util.count_calls(CALLS, _pipe, "pipe_broadcast")
+_worker_util.count_calls(CALLS, _pipe, "pipe_allreduce")
 
 WRITES = {"count": 0}
 #: Writes by the pid written into.
@@ -280,6 +282,11 @@ async def main(mode: str, out_dir: Path) -> int:
             shm = comm._world.shm
             if shm is not None and mode != "natural":
                 shm.cpus = 64
+                # Pushed reductions are what this worker tests, and only on Intel CPUs does
+                # the table take every size here by cross-memory attach (elsewhere the pipe
+                # keeps those up to 4 MiB: _collectives._limits.PipeLimits.pushed_reduce).
+                comm._force_algorithm("allreduce", "cma")
+                comm._force_algorithm("reduce", "cma")
             if mode == "stress":
                 report = await stress(comm, rank)
             elif mode == "natural":

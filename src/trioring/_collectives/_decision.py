@@ -5,8 +5,9 @@ paths that every rank agreed on at opening. Every choice trioring makes is here.
 collective  condition, first match wins                             algorithm
 ==========  ======================================================  ======================
 allreduce   "shm" and nbytes <= the segment's share (<= 256 KiB)    ``shm``
-allreduce   "shm", "cma" and "push" (larger arrays; each rank       ``cma``
-            writes its finished segment into the others')
+allreduce   "shm", "cma" and "push", nbytes >                       ``cma``
+            PIPE_MAX_PUSHED_REDUCE_BYTES (0 on Intel CPUs; each
+            rank writes its finished segment into the others')
 allreduce   "shm", and nbytes <= PIPE_MAX_REDUCE_BYTES or no "cma"  ``pipe``
             (larger arrays, through the segment's pipe)
 allreduce   "cma", and "shm" or nbytes > CMA_MIN_BYTES              ``cma``
@@ -78,8 +79,9 @@ reduce_scatter   otherwise                                            ``ring``
 reduce_scatterv  as reduce_scatter (total nbytes)                     as reduce_scatter
 reduce           "shm" and nbytes <= the segment's share for           ``shm``
                  reductions (up to SLOT_PAYLOAD_BYTES)
-reduce           "shm", "cma" and "push" (larger arrays; the others    ``cma``
-                 write their finished segments into the root's)
+reduce           "shm", "cma" and "push", nbytes >                     ``cma``
+                 PIPE_MAX_PUSHED_REDUCE_BYTES (0 on Intel CPUs; the
+                 others write their finished segments into the root's)
 reduce           "shm", and nbytes <= PIPE_MAX_REDUCE_BYTES or no      ``pipe``
                  "cma" (larger arrays, through the segment's pipe)
 reduce           "cma", and "shm" or (n >= 3 and nbytes >              ``cma``
@@ -125,6 +127,7 @@ from ._limits import (
     PIPE_LIMITS_BY_VENDOR,
     PIPE_MAX_ALLGATHER_BYTES,
     PIPE_MAX_ALLTOALL_BYTES,
+    PIPE_MAX_PUSHED_REDUCE_BYTES,
     PIPE_MAX_REDUCE_BYTES,
     SMALL_ALLGATHER_BYTES,
     SMALL_ALLREDUCE_BYTES,
@@ -145,6 +148,7 @@ __all__ = [
     "PIPE_LIMITS_BY_VENDOR",
     "PIPE_MAX_ALLGATHER_BYTES",
     "PIPE_MAX_ALLTOALL_BYTES",
+    "PIPE_MAX_PUSHED_REDUCE_BYTES",
     "PIPE_MAX_REDUCE_BYTES",
     "SMALL_ALLGATHER_BYTES",
     "SMALL_ALLREDUCE_BYTES",
@@ -160,6 +164,7 @@ __all__ = [
     "broadcast",
     "gather",
     "parse_forced",
+    "pipe_reduce_limit",
     "reduce",
     "reduce_scatter",
     "scan",
@@ -187,6 +192,14 @@ ALGORITHMS: dict[str, tuple[str, ...]] = {
 }
 
 
+def pipe_reduce_limit(push: bool) -> int:
+    """The largest allreduce or reduce that goes through the segment's pipe where
+    cross-memory attach was agreed too: ``PIPE_MAX_PUSHED_REDUCE_BYTES`` where the ranks
+    also push (0 on Intel CPUs: every one the slots cannot take goes by cma), else
+    ``PIPE_MAX_REDUCE_BYTES`` (see PipeLimits in _limits)."""
+    return PIPE_MAX_PUSHED_REDUCE_BYTES if push else PIPE_MAX_REDUCE_BYTES
+
+
 def allreduce(nbytes: int, shm_bytes: int, cma: bool, small_bytes: int, push: bool = False) -> str:
     """The allreduce row for an array of ``nbytes``: ``shm_bytes`` is the largest array the
     shared segment takes (-1 without one), ``cma`` whether cross-memory attach was agreed,
@@ -197,7 +210,7 @@ def allreduce(nbytes: int, shm_bytes: int, cma: bool, small_bytes: int, push: bo
     if nbytes <= shm_bytes:
         return "shm"
     if shm_bytes >= 0:
-        return "cma" if cma and (push or nbytes > PIPE_MAX_REDUCE_BYTES) else "pipe"
+        return "cma" if cma and nbytes > pipe_reduce_limit(push) else "pipe"
     if cma and nbytes > CMA_MIN_BYTES:
         return "cma"
     if nbytes <= small_bytes:
@@ -269,7 +282,7 @@ def reduce(
     if nbytes <= shm_bytes:
         return "shm"
     if shm_bytes >= 0:
-        return "cma" if cma and (push or nbytes > PIPE_MAX_REDUCE_BYTES) else "pipe"
+        return "cma" if cma and nbytes > pipe_reduce_limit(push) else "pipe"
     if cma and world_size >= 3 and nbytes > CMA_MIN_COPY_BYTES:
         return "cma"
     if nbytes <= SMALL_REDUCE_BYTES or world_size <= 2:

@@ -20,6 +20,7 @@ __all__ = [
     "PIPE_LIMITS_ELSEWHERE",
     "PIPE_MAX_ALLGATHER_BYTES",
     "PIPE_MAX_ALLTOALL_BYTES",
+    "PIPE_MAX_PUSHED_REDUCE_BYTES",
     "PIPE_MAX_REDUCE_BYTES",
     "SMALL_ALLGATHER_BYTES",
     "SMALL_ALLREDUCE_BYTES",
@@ -229,6 +230,34 @@ SMALL_POW2_ALLGATHER_BYTES = 64 * 1024 * 1024
 # force cma's way (TRIORING_ALGORITHM=allreduce=cma, and the same for reduce_scatter and
 # reduce: at every size, so only where its small calls do not matter).
 #
+# Then "push" (2026-12-07, the Intel machine): where the ranks agreed to write their
+# finished pieces into each other's arrays, every allreduce and reduce the slots could not
+# take went by cross-memory attach, on every vendor, from measurements on that machine only
+# (pushed cma beat the pipe there from 512 KiB: see the algorithms page). A third AMD
+# machine (2026-12-08: 2 vCPUs of an AMD EPYC of family 26 model 2, under Firecracker,
+# Linux 6.18) measured it the other way. There a process_vm_readv costs 5.5 us even for
+# 4 KiB (about 2.6 on the Intel machine), and its cores hand 1 MiB through a shared
+# mapping in 51-61 us against 89-100 by process_vm_readv, 4 MiB in 212-242 against 275-289
+# (bench/modes.py --reads, 8 blocks each, no slow stretch). Forced (thresholds.py --each,
+# pipe / pushed cma, us): allreduce w2 (7 rounds) 384 KiB 92 / 115, 1 MiB 141 / 194,
+# 4 MiB 356 / 646, 16 MiB 2459 / 2545, 64 MiB 10514 / 8542; w4 (5 rounds) 384 KiB 508 /
+# 462, 1 MiB 619 / 668, 4 MiB 2179 / 2619, 16 MiB 12209 / 9981; reduce w2 384 KiB 96 /
+# 111, 1 MiB 129 / 184, 4 MiB 417 / 392, 16 MiB 3187 / 2215; w4 384 KiB 298 / 275, 1 MiB
+# 377 / 416, 4 MiB 1250 / 1605, 16 MiB 7316 / 5831. Beside Open MPI in the same ranks
+# (bench/paired.py, 9 windows, launches alternating, ratio to its time, the table before
+# -> after: pushed cma -> the pipe), three launches each at w2: allreduce 768 KiB
+# 1.63-1.74 -> 1.05-1.25, 1 MiB 1.48-1.58 -> 0.93-1.09, 2 MiB 1.34-1.38 -> 0.78-0.85,
+# 4 MiB 1.13-1.76 -> 0.84-0.94; reduce 768 KiB 1.34-1.89 -> 0.97-1.06, 1 MiB 1.19-1.69
+# -> 0.84-0.95, 2 MiB 0.75-1.46 -> 0.66-0.77, 4 MiB 0.91-1.26 -> 0.55-0.68; two each at
+# w4 (4 ranks on the 2 vCPUs): allreduce 768 KiB 1.60-1.80 -> 1.78-1.84, 1 MiB 1.39-1.67
+# -> 1.29-1.45, 2 MiB 1.29-1.44 -> 0.87-0.91, 4 MiB 1.03-1.24 -> 0.93-1.17; reduce 768
+# KiB 1.42-1.85 -> 1.73-2.35, 1 MiB 1.26-1.66 -> 1.09-1.25, 2 MiB 0.95-1.00 -> 0.75-0.89,
+# 4 MiB 0.88-0.92 -> 0.91-1.00 (the smallest sizes at w4 lost a little: one rule for
+# every world size, as for the other limits). So pushing
+# moves the pipe's limit for reductions only where it was measured to (PipeLimits.
+# pushed_reduce: 0 on Intel CPUs, every reduction above the slots pushed; elsewhere the
+# pipe's own 4 MiB, as before push, which two AMD machines of three measured ahead).
+#
 # Then (2026-12-05, a third session on the Intel machine) the copies: alltoall went through
 # the pipe from world 3 at every size, and allgather from world 3 up to 8 MiB, from the
 # EPYC machine's numbers above. On the Intel machine cross-memory attach won every
@@ -265,22 +294,29 @@ class PipeLimits:
     every call the slots cannot): ``reduce`` for allreduce, reduce_scatter(v) and reduce
     (their input), ``allgather`` for allgather(v) (the bytes gathered in all) and
     ``alltoall`` for alltoall (a rank's input), those two from world 3 (at world 2 cma takes
-    them all)."""
+    them all); ``pushed_reduce`` for allreduce and reduce where the ranks also agreed to
+    write their finished pieces into each other's arrays (``"push"``)."""
 
     reduce: int
     allgather: int
     alltoall: int
+    pushed_reduce: int
 
 
 #: More bytes than any call has: no limit.
 ANY_SIZE = 1 << 62
 #: The limits where the CPU's vendor has none of its own: the EPYC machine's (PIPE_FAMILY).
 PIPE_LIMITS_ELSEWHERE = PipeLimits(
-    reduce=4 * 1024 * 1024, allgather=8 * 1024 * 1024, alltoall=ANY_SIZE
+    reduce=4 * 1024 * 1024,
+    allgather=8 * 1024 * 1024,
+    alltoall=ANY_SIZE,
+    pushed_reduce=4 * 1024 * 1024,
 )
 #: The Intel Xeon machine's (see PIPE_LIMITS above), by ``vendor_id`` in /proc/cpuinfo.
 PIPE_LIMITS_BY_VENDOR = {
-    "GenuineIntel": PipeLimits(reduce=2 * 1024 * 1024, allgather=2 * 1024 * 1024, alltoall=0),
+    "GenuineIntel": PipeLimits(
+        reduce=2 * 1024 * 1024, allgather=2 * 1024 * 1024, alltoall=0, pushed_reduce=0
+    ),
 }
 
 
@@ -293,6 +329,7 @@ def pipe_limits(vendor: str) -> PipeLimits:
 #: on one host, so all read the same vendor and decide alike.
 PIPE_LIMITS = pipe_limits(cpu_vendor())
 PIPE_MAX_REDUCE_BYTES = PIPE_LIMITS.reduce
+PIPE_MAX_PUSHED_REDUCE_BYTES = PIPE_LIMITS.pushed_reduce
 PIPE_MAX_ALLGATHER_BYTES = PIPE_LIMITS.allgather
 PIPE_MAX_ALLTOALL_BYTES = PIPE_LIMITS.alltoall
 

@@ -161,7 +161,8 @@ class ReduceMethods(CommunicatorCore):
           :meth:`reduce_scatter` by the same path, each rank reducing its block
           (``[j * size // n, (j + 1) * size // n)``), whatever the root, and dividing a
           mean once; the root then receives the finished blocks. With ``"push"`` in
-          :attr:`features`, every array the slots cannot take goes by cross-memory attach,
+          :attr:`features`, every array above ``PIPE_MAX_PUSHED_REDUCE_BYTES`` (on Intel
+          CPUs every array the slots cannot take) goes by cross-memory attach,
           each other rank writing each finished piece of its block straight into the
           root's array (through one piece of scratch, never through its own array); a root
           that leaves early waits for the writes in progress to stop, as
