@@ -19,6 +19,7 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import attrs
 import numpy as np
 import pytest
 
@@ -305,24 +306,20 @@ MiB = 1 << 20
 
 
 @pytest.mark.parametrize(
-    ("vendor", "reduce", "allgather", "alltoall", "pushed_reduce"),
+    ("vendor", "expected"),
     [
-        ("GenuineIntel", 2 * MiB, 2 * MiB, 0, 0),
-        ("AuthenticAMD", 4 * MiB, 8 * MiB, _limits.ANY_SIZE, 4 * MiB),
-        ("HygonGenuine", 4 * MiB, 8 * MiB, _limits.ANY_SIZE, 4 * MiB),
-        ("", 4 * MiB, 8 * MiB, _limits.ANY_SIZE, 4 * MiB),
+        ("GenuineIntel", (2 * MiB, 2 * MiB, 0, 0, 0)),
+        ("AuthenticAMD", (4 * MiB, 8 * MiB, _limits.ANY_SIZE, 4 * MiB, 4 * MiB)),
+        ("HygonGenuine", (4 * MiB, 8 * MiB, _limits.ANY_SIZE, 4 * MiB, 4 * MiB)),
+        ("", (4 * MiB, 8 * MiB, _limits.ANY_SIZE, 4 * MiB, 4 * MiB)),
     ],
 )
 def test_the_pipes_limits_go_by_cpu_vendor(
-    vendor: str, reduce: int, allgather: int, alltoall: int, pushed_reduce: int
+    vendor: str, expected: tuple[int, int, int, int, int]
 ) -> None:
+    """(reduce, allgather, alltoall, pushed_reduce, pushed_broadcast)."""
     limits = _limits.pipe_limits(vendor)
-    assert (limits.reduce, limits.allgather, limits.alltoall, limits.pushed_reduce) == (
-        reduce,
-        allgather,
-        alltoall,
-        pushed_reduce,
-    )
+    assert attrs.astuple(limits) == expected
 
 
 def test_this_machines_pipe_limits_are_its_vendors() -> None:
@@ -337,6 +334,7 @@ def test_this_machines_pipe_limits_are_its_vendors() -> None:
         _decision.PIPE_MAX_ALLTOALL_BYTES,
     )
     assert limits.pushed_reduce == _decision.PIPE_MAX_PUSHED_REDUCE_BYTES
+    assert limits.pushed_broadcast == _decision.PIPE_MAX_PUSHED_BROADCAST_BYTES
     # Every reduction takes it: the pipe up to it, cross-memory attach above.
     for nbytes, algorithm in ((PIPE_MAX_REDUCE_BYTES, "pipe"), (PIPE_MAX_REDUCE_BYTES + 4, "cma")):
         assert _decision.allreduce(nbytes, 1024, True, SMALL_ALLREDUCE_BYTES) == algorithm

@@ -46,22 +46,23 @@ def test_the_fence_is_a_lock_that_is_left_free() -> None:
 @pytest.mark.parametrize("n", [2, 3])
 def test_the_ranks_cpus_decide_and_every_rank_agrees(tmp_path: Path, n: int) -> None:
     """Unforced: a 1 MiB broadcast is pushed exactly where the ranks' CPUs number one for
-    every rank (they inherit this process's), goes through the pipe otherwise; a 1 MiB
-    allreduce is pushed wherever the feature is and the pipe's limit for pushed reductions
-    is below it (on Intel CPUs), the same on every rank."""
+    every rank (they inherit this process's) and the pipe's limit for pushed broadcasts is
+    below it (on Intel CPUs), goes through the pipe otherwise; a 1 MiB allreduce is pushed
+    wherever the feature is and the pipe's limit for pushed reductions is below it (on
+    Intel CPUs), the same on every rank."""
     reports = run_reports(WORKER, ["natural", str(tmp_path)], tmp_path, n)
     assert [report["errors"] for report in reports] == [[]] * n
-    push, pushes = push_expected(n), broadcast_pushes(n)
+    # The worker's natural mode: both calls of 1 MiB + 4 bytes.
+    nbytes = 4 * _push.PUSH_MIN_BYTES + 4
+    push = push_expected(n)
+    pushes = broadcast_pushes(n) and nbytes > _decision.PIPE_MAX_PUSHED_BROADCAST_BYTES
     for report in reports:
         assert ("push" in report["features"]) is push, report
         if trioring.is_available("cma") and trioring.is_available("shm"):
             algorithm = "cma_broadcast" if pushes else "pipe_broadcast"
             assert report["calls"].get(algorithm) == 1, report
             assert (report["calls"].get("push_into", 0) == 1) is (pushes and report["rank"] == 0)
-            # The allreduce's 1 MiB + 4 bytes (the worker's natural mode).
-            reduce_pushed = (
-                push and _decision.pipe_reduce_limit(True) < 4 * _push.PUSH_MIN_BYTES + 4
-            )
+            reduce_pushed = push and _decision.pipe_reduce_limit(True) < nbytes
             assert (report["calls"].get("_reduce_pushed", 0) == 1) is reduce_pushed, report
             assert (report["calls"].get("pipe_allreduce", 0) == 1) is not reduce_pushed, report
             # A broadcast's root writes into its readers; an allreduce's ranks, into each other.

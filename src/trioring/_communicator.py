@@ -256,10 +256,11 @@ class Communicator(
         array there and every rank its call's identity, and the others copy it once all
         have (above 192 KiB on Intel CPUs, where every rank has a CPU of its own, piece
         by piece while the root copies the next, and so up to ``SLOT_PAYLOAD_BYTES``).
-        Larger arrays, where every rank has a CPU of its own (``"push"`` in
-        :attr:`features`), go by cross-memory attach: each other rank copies the root's
-        array directly, all but its last ``1/n``, which the
-        root writes into it meanwhile; the call returns on every rank once every rank has
+        Larger arrays (on CPUs other than Intel's, those above
+        ``PIPE_MAX_PUSHED_BROADCAST_BYTES``), where every rank has a CPU of its own
+        (``"push"`` in :attr:`features`), go by cross-memory attach: each other rank copies
+        the root's array directly, all but its last ``1/n``, which the root writes into it
+        meanwhile; the call returns on every rank once every rank has
         said it is done (each reader's read, the root's writes), so a rank that fails or
         gives up in the call makes every rank raise in it, and a reader that leaves early
         (cancelled, failing) first waits for the root's write

@@ -5,8 +5,9 @@ each other's (``_onehost._push``).
 ``python push_worker.py MODE OUT_DIR`` under the forked launcher, on one host (Unix
 sockets). Every rank but in ``natural`` mode first sets its segment's agreed CPU count to 64
 (the same on every rank, so every rank's decision table agrees; as if the host had them),
-so that the ranks push at any world size on any machine, and forces allreduce and reduce
-by cross-memory attach, which the table picks at every size here on Intel CPUs only. Every ``process_vm_writev`` of
+so that the ranks push at any world size on any machine, and forces broadcast, allreduce
+and reduce by cross-memory attach, which the table picks at every size here on Intel CPUs
+only. Every ``process_vm_writev`` of
 the rank goes through a counter; ``push_into`` and ``pushed`` are counted.
 
 Modes:
@@ -282,11 +283,11 @@ async def main(mode: str, out_dir: Path) -> int:
             shm = comm._world.shm
             if shm is not None and mode != "natural":
                 shm.cpus = 64
-                # Pushed reductions are what this worker tests, and only on Intel CPUs does
-                # the table take every size here by cross-memory attach (elsewhere the pipe
-                # keeps those up to 4 MiB: _collectives._limits.PipeLimits.pushed_reduce).
-                comm._force_algorithm("allreduce", "cma")
-                comm._force_algorithm("reduce", "cma")
+                # Pushing is what this worker tests, and only on Intel CPUs does the table
+                # take every size here by cross-memory attach (elsewhere the pipe keeps
+                # those up to 4 MiB: _collectives._limits.PipeLimits).
+                for collective in ("broadcast", "allreduce", "reduce"):
+                    comm._force_algorithm(collective, "cma")
             if mode == "stress":
                 report = await stress(comm, rank)
             elif mode == "natural":

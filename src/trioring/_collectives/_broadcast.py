@@ -22,8 +22,11 @@ __all__ = ["body", "decide", "shm_limit", "unrunnable"]
 
 
 def decide(world: World, nbytes: int) -> str:
-    """The decision table's algorithm for a broadcast of ``nbytes`` here."""
-    threads = _push.push_bytes(world, nbytes) > 0 or (
+    """The decision table's algorithm for a broadcast of ``nbytes`` here: its root pushes
+    (by cma) where it may and the pipe's limit for pushed broadcasts is below ``nbytes``."""
+    limit = _decision.PIPE_MAX_PUSHED_BROADCAST_BYTES
+    pushed = nbytes > limit and _push.push_bytes(world, nbytes) > 0
+    threads = pushed or (
         nbytes >= _cma_collectives.READ_THREADS_MIN_BYTES
         and _cma_collectives.read_threads(world, nbytes, world.size - 1) > 1
     )

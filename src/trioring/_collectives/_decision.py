@@ -18,8 +18,9 @@ broadcast   "shm" and nbytes <= SHM_MAX_BYTES, or <=                ``shm``
             (no rank crowded, an Intel CPU)
 broadcast   "shm" and "cma", the readers in threads (nbytes >=      ``cma``
             READ_THREADS_MIN_BYTES and two CPUs for each reader),
-            or the root writing a share into theirs ("push":
-            nbytes >= PUSH_MIN_BYTES and a CPU for each rank)
+            or the root writing a share into theirs ("push": a
+            CPU for each rank, nbytes > PUSH_MIN_BYTES and >
+            PIPE_MAX_PUSHED_BROADCAST_BYTES: 0 on Intel CPUs)
 broadcast   "shm" (larger arrays, through the segment's pipe)       ``pipe``
 broadcast   "cma" and nbytes > CMA_MIN_BYTES                        ``cma``
 broadcast   otherwise                                               ``tree``
@@ -127,6 +128,7 @@ from ._limits import (
     PIPE_LIMITS_BY_VENDOR,
     PIPE_MAX_ALLGATHER_BYTES,
     PIPE_MAX_ALLTOALL_BYTES,
+    PIPE_MAX_PUSHED_BROADCAST_BYTES,
     PIPE_MAX_PUSHED_REDUCE_BYTES,
     PIPE_MAX_REDUCE_BYTES,
     SMALL_ALLGATHER_BYTES,
@@ -148,6 +150,7 @@ __all__ = [
     "PIPE_LIMITS_BY_VENDOR",
     "PIPE_MAX_ALLGATHER_BYTES",
     "PIPE_MAX_ALLTOALL_BYTES",
+    "PIPE_MAX_PUSHED_BROADCAST_BYTES",
     "PIPE_MAX_PUSHED_REDUCE_BYTES",
     "PIPE_MAX_REDUCE_BYTES",
     "SMALL_ALLGATHER_BYTES",

@@ -20,6 +20,7 @@ __all__ = [
     "PIPE_LIMITS_ELSEWHERE",
     "PIPE_MAX_ALLGATHER_BYTES",
     "PIPE_MAX_ALLTOALL_BYTES",
+    "PIPE_MAX_PUSHED_BROADCAST_BYTES",
     "PIPE_MAX_PUSHED_REDUCE_BYTES",
     "PIPE_MAX_REDUCE_BYTES",
     "SMALL_ALLGATHER_BYTES",
@@ -257,6 +258,16 @@ SMALL_POW2_ALLGATHER_BYTES = 64 * 1024 * 1024
 # moves the pipe's limit for reductions only where it was measured to (PipeLimits.
 # pushed_reduce: 0 on Intel CPUs, every reduction above the slots pushed; elsewhere the
 # pipe's own 4 MiB, as before push, which two AMD machines of three measured ahead).
+# Broadcasts too: the root's writes (PUSH_MIN_BYTES in _onehost._push) were measured
+# against the pipe on the Intel machine only; on the family-26 EPYC, beside Open MPI in
+# the same ranks (bench/paired.py -n 2, 9 windows, launches alternating, six of each from
+# 768 KiB to 4 MiB, three at the other sizes; ratio to its time, pushed -> through the
+# pipe): 512 KiB 1.09-1.49 -> 0.95-1.01, 768 KiB 0.94-1.22 -> 0.80-1.18, 1 MiB 0.86-1.10
+# -> 0.64-0.93, 2 MiB 0.69-0.81 -> 0.50-0.68, 4 MiB 0.65-1.04 -> 0.75-0.85, 8 MiB
+# 0.58-0.80 -> 0.81-1.35, 16 MiB 1.17-1.34 -> 1.00-1.35, 64 MiB 0.97-1.12 -> 1.10-1.30.
+# So pushed_broadcast: 0 on Intel
+# CPUs, 4 MiB elsewhere (where the pipe is the steadier of two even cells; the root pushes
+# above it). At world 4 on 2 vCPUs no root pushes (push_bytes: a CPU for each rank).
 #
 # Then (2026-12-05, a third session on the Intel machine) the copies: alltoall went through
 # the pipe from world 3 at every size, and allgather from world 3 up to 8 MiB, from the
@@ -295,12 +306,15 @@ class PipeLimits:
     (their input), ``allgather`` for allgather(v) (the bytes gathered in all) and
     ``alltoall`` for alltoall (a rank's input), those two from world 3 (at world 2 cma takes
     them all); ``pushed_reduce`` for allreduce and reduce where the ranks also agreed to
-    write their finished pieces into each other's arrays (``"push"``)."""
+    write their finished pieces into each other's arrays (``"push"``), and
+    ``pushed_broadcast`` for a broadcast whose root would write a share of its array into
+    the readers' (above it, cma takes the broadcast, and the root pushes)."""
 
     reduce: int
     allgather: int
     alltoall: int
     pushed_reduce: int
+    pushed_broadcast: int
 
 
 #: More bytes than any call has: no limit.
@@ -311,11 +325,16 @@ PIPE_LIMITS_ELSEWHERE = PipeLimits(
     allgather=8 * 1024 * 1024,
     alltoall=ANY_SIZE,
     pushed_reduce=4 * 1024 * 1024,
+    pushed_broadcast=4 * 1024 * 1024,
 )
 #: The Intel Xeon machine's (see PIPE_LIMITS above), by ``vendor_id`` in /proc/cpuinfo.
 PIPE_LIMITS_BY_VENDOR = {
     "GenuineIntel": PipeLimits(
-        reduce=2 * 1024 * 1024, allgather=2 * 1024 * 1024, alltoall=0, pushed_reduce=0
+        reduce=2 * 1024 * 1024,
+        allgather=2 * 1024 * 1024,
+        alltoall=0,
+        pushed_reduce=0,
+        pushed_broadcast=0,
     ),
 }
 
@@ -330,6 +349,7 @@ def pipe_limits(vendor: str) -> PipeLimits:
 PIPE_LIMITS = pipe_limits(cpu_vendor())
 PIPE_MAX_REDUCE_BYTES = PIPE_LIMITS.reduce
 PIPE_MAX_PUSHED_REDUCE_BYTES = PIPE_LIMITS.pushed_reduce
+PIPE_MAX_PUSHED_BROADCAST_BYTES = PIPE_LIMITS.pushed_broadcast
 PIPE_MAX_ALLGATHER_BYTES = PIPE_LIMITS.allgather
 PIPE_MAX_ALLTOALL_BYTES = PIPE_LIMITS.alltoall
 
