@@ -5,7 +5,8 @@ shared segment, or without any of them; or TCP on loopback) of ``workers/chaos_w
 the same plan from the trial's seed: a few collectives, on the world or on a
 sub-communicator made from it, in half the trials beside a ``dup()`` of the world running
 calls of its own in another task, and one fault on one rank, in a third of the trials a
-second on another (see the worker). The trial passes when
+second on another, and in a third one call on a ``dup()`` made for it, where the fault
+may land while the ranks make or close it (see the worker). The trial passes when
 
 - every rank's process ends within ``TRIAL_S`` (no hang; the worker also bounds each call);
 - every result a rank got before it raised is right (the worker checks them against numpy);
@@ -320,6 +321,7 @@ def main() -> int:
             print(
                 f"ok   seed {seed} ({took:.1f} s) n={plan['n']} {plan['variant']} {plan['comm']} "
                 f"{plan['fault']}@{plan['at']} {[c['collective'] for c in plan['calls']]}"
+                + ("" if plan["dup_at"] is None else f" dup@{plan['dup_at']}")
                 + (
                     f" beside {[c['collective'] for c in plan['beside']]}" if plan["beside"] else ""
                 ),

@@ -13,7 +13,10 @@ another task of the same nursery: a failure in either task cancels the other's c
 any Trio program, so the fault's news must cross from one communicator to the other through
 the ranks that give up. In a third of the trials a second rank has a fault of its own
 (drawn the same way, at its own call of the first communicator), so that two failures
-cross. Every rank checks every result it gets against numpy, and
+cross. In a third of the trials one call (in half of those, the first fault's) runs on a
+``dup()`` of the communicator made for it and closed after it, so that a fault can land
+while the ranks make a communicator: in its agreement, while its connections are made, or
+while it closes. Every rank checks every result it gets against numpy, and
 records in ``w{RANK}.json``, for each communicator: how many calls it completed, and the
 error that ended its run, or the call its task was cancelled in (any exception: the driver
 judges whether it was the right one). A call that takes longer than ``HANG_S`` is cancelled
@@ -111,6 +114,10 @@ def plan(seed: int, n: int) -> dict[str, Any]:
             "fault": str(rng.choice(FAULTS)),
             "delay": float(rng.choice(DELAYS)),
         }
+    # Drawn after even that: the call that runs on a dup() made for it, or none.
+    trial["dup_at"] = None
+    if rng.integers(3) == 0:
+        trial["dup_at"] = int(trial["at"] if rng.integers(2) else rng.integers(len(calls)))
     return trial
 
 
@@ -194,6 +201,17 @@ def make_call(comm: trioring.Communicator, i: int, call: dict[str, Any]) -> Any:
     return run
 
 
+def in_dup(comm: trioring.Communicator, i: int, call: dict[str, Any]) -> Any:
+    """:func:`make_call`'s call ``i``, run on a ``dup()`` of ``comm`` made for it (the same
+    ranks) and closed after it: the fault of that call may land in the dup."""
+
+    async def run() -> None:
+        async with comm.dup() as twin:
+            await make_call(twin, i, call)()
+
+    return run
+
+
 def kill_after(delay: float) -> None:
     """SIGKILL this process ``delay`` seconds from now, from a thread (the call runs on)."""
 
@@ -238,7 +256,7 @@ async def trial(reporter: _worker_util.Reporter, comm: trioring.Communicator, se
     # A victim is a world rank (a process), whichever rank it has in ``comm``.
     mine = faults(trial).get(int(os.environ["RANK"]))
     for i, call in enumerate(trial["calls"]):
-        run = make_call(comm, i, call)
+        run = in_dup(comm, i, call) if i == trial["dup_at"] else make_call(comm, i, call)
         fault = mine["fault"] if mine and i == mine["at"] else None
         if fault == "kill_before":
             os.kill(os.getpid(), signal.SIGKILL)
