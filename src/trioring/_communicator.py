@@ -197,8 +197,9 @@ class Communicator(
         with ``"push"`` in :attr:`features`, every array above
         ``PIPE_MAX_PUSHED_REDUCE_BYTES`` goes this way (on Intel CPUs every array the slots
         cannot take; elsewhere it is ``PIPE_MAX_REDUCE_BYTES``), each rank writing each
-        finished piece of its segment straight into the others' arrays instead (a rank that leaves early waits for the writes in progress
-        into its array to stop, as :meth:`broadcast` says).
+        finished piece of its segment straight into the others' arrays instead (a rank
+        that leaves early waits for the writes in progress into its array to stop, as
+        :meth:`broadcast` says).
         Otherwise, up to ``SMALL_ALLREDUCE_BYTES``, recursive doubling (``ceil(log2 n)``
         exchanges of the whole array: latency-bound sizes); above, ring reduce-scatter then
         ring all-gather, streamed in chunks of ``DEFAULT_CHUNK_BYTES``, each rank sending and

@@ -254,10 +254,10 @@ SMALL_POW2_ALLGATHER_BYTES = 64 * 1024 * 1024
 # -> 1.29-1.45, 2 MiB 1.29-1.44 -> 0.87-0.91, 4 MiB 1.03-1.24 -> 0.93-1.17; reduce 768
 # KiB 1.42-1.85 -> 1.73-2.35, 1 MiB 1.26-1.66 -> 1.09-1.25, 2 MiB 0.95-1.00 -> 0.75-0.89,
 # 4 MiB 0.88-0.92 -> 0.91-1.00 (the smallest sizes at w4 lost a little: one rule for
-# every world size, as for the other limits). So pushing
-# moves the pipe's limit for reductions only where it was measured to (PipeLimits.
-# pushed_reduce: 0 on Intel CPUs, every reduction above the slots pushed; elsewhere the
-# pipe's own 4 MiB, as before push, which two AMD machines of three measured ahead).
+# every world size, as for the other limits). So pushing moves the pipe's limit for
+# reductions only where it was measured to (PipeLimits.pushed_reduce: 0 on Intel CPUs,
+# every reduction above the slots pushed; elsewhere the pipe's own 4 MiB, as before push,
+# which two AMD machines of three measured ahead).
 # Broadcasts too: the root's writes (PUSH_MIN_BYTES in _onehost._push) were measured
 # against the pipe on the Intel machine only; on the family-26 EPYC, beside Open MPI in
 # the same ranks (bench/paired.py -n 2, 9 windows, launches alternating, six of each from
@@ -265,9 +265,9 @@ SMALL_POW2_ALLGATHER_BYTES = 64 * 1024 * 1024
 # pipe): 512 KiB 1.09-1.49 -> 0.95-1.01, 768 KiB 0.94-1.22 -> 0.80-1.18, 1 MiB 0.86-1.10
 # -> 0.64-0.93, 2 MiB 0.69-0.81 -> 0.50-0.68, 4 MiB 0.65-1.04 -> 0.75-0.85, 8 MiB
 # 0.58-0.80 -> 0.81-1.35, 16 MiB 1.17-1.34 -> 1.00-1.35, 64 MiB 0.97-1.12 -> 1.10-1.30.
-# So pushed_broadcast: 0 on Intel
-# CPUs, 4 MiB elsewhere (where the pipe is the steadier of two even cells; the root pushes
-# above it). At world 4 on 2 vCPUs no root pushes (push_bytes: a CPU for each rank).
+# So pushed_broadcast: 0 on Intel CPUs, 4 MiB elsewhere (at 4 MiB the pipe is the steadier
+# of two even sides; the root pushes above it). At world 4 on 2 vCPUs no root pushes
+# (push_bytes: a CPU for each rank).
 #
 # Then (2026-12-05, a third session on the Intel machine) the copies: alltoall went through
 # the pipe from world 3 at every size, and allgather from world 3 up to 8 MiB, from the
