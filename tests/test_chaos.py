@@ -3,8 +3,9 @@ no rank hangs, every result a rank got is right, and every rank but the victim c
 (where the fault came too late to matter) or raises a trioring error, in or after the
 faulty call, that names the victim (or, as the failure model allows, another rank whose
 connection ended without a word), here or on a second communicator whose calls run beside
-in another task, or while the ranks make or close a ``dup()`` for one call. A fixed set of seeds, 32 per world size, spread over the four ways the
-ranks connect; ``python tests/chaos.py --trials N --seed S`` hunts further."""
+in another task, or while the ranks make or close a ``dup()`` for one call. A fixed set
+of seeds, 32 per world size, spread over the four ways the ranks connect;
+``python tests/chaos.py --trials N --seed S`` hunts further."""
 
 from __future__ import annotations
 
