@@ -12,16 +12,30 @@ from __future__ import annotations
 
 import itertools
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 import trioring
 from launched import broadcast_pushes, push_expected, run_reports
-from trioring._collectives import _decision
+from trioring._collectives import _decision, _limits
 from trioring._onehost import _push
 
 WORKER = Path(__file__).parent / "workers" / "push_worker.py"
+#: Bytes of the worker's natural calls: 1 MiB + 4 (pushed on Intel CPUs only), and just
+#: above the limits that other CPUs set for pushing (pushed wherever the ranks push).
+NATURAL_SIZES = (
+    4 * _push.PUSH_MIN_BYTES + 4,
+    max(_limits.PIPE_LIMITS_ELSEWHERE.pushed_reduce, _limits.PIPE_LIMITS_ELSEWHERE.pushed_broadcast)
+    + 4,
+)
 ONEHOST = trioring.is_available("push")
+
+
+def run_natural(tmp_path: Path, n: int, **env: str) -> list[dict[str, Any]]:
+    """The worker's natural mode at NATURAL_SIZES, with ``env``."""
+    env["NATURAL_SIZES"] = ",".join(map(str, NATURAL_SIZES))
+    return run_reports(WORKER, ["natural", str(tmp_path)], tmp_path, n, env=env)
 
 
 def test_capability_row(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -45,35 +59,40 @@ def test_the_fence_is_a_lock_that_is_left_free() -> None:
 
 @pytest.mark.parametrize("n", [2, 3])
 def test_the_ranks_cpus_decide_and_every_rank_agrees(tmp_path: Path, n: int) -> None:
-    """Unforced: a 1 MiB broadcast is pushed exactly where the ranks' CPUs number one for
-    every rank (they inherit this process's) and the pipe's limit for pushed broadcasts is
-    below it (on Intel CPUs), goes through the pipe otherwise; a 1 MiB allreduce is pushed
-    wherever the feature is and the pipe's limit for pushed reductions is below it (on
-    Intel CPUs), the same on every rank."""
-    reports = run_reports(WORKER, ["natural", str(tmp_path)], tmp_path, n)
+    """Unforced, at 1 MiB and just above 4 MiB: a broadcast is pushed exactly where the
+    ranks' CPUs number one for every rank (they inherit this process's) and the pipe's
+    limit for pushed broadcasts is below its size (at 1 MiB, on Intel CPUs only), goes
+    through the pipe otherwise; an allreduce is pushed wherever the feature is and the
+    pipe's limit for pushed reductions is below its size, the same on every rank."""
+    reports = run_natural(tmp_path, n)
     assert [report["errors"] for report in reports] == [[]] * n
-    # The worker's natural mode: both calls of 1 MiB + 4 bytes.
-    nbytes = 4 * _push.PUSH_MIN_BYTES + 4
     push = push_expected(n)
-    pushes = broadcast_pushes(n) and nbytes > _decision.PIPE_MAX_PUSHED_BROADCAST_BYTES
+    sizes = NATURAL_SIZES
+    pushed = [broadcast_pushes(n) and b > _decision.PIPE_MAX_PUSHED_BROADCAST_BYTES for b in sizes]
+    reduced = [push and b > _decision.pipe_reduce_limit(True) for b in sizes]
     for report in reports:
         assert ("push" in report["features"]) is push, report
-        if trioring.is_available("cma") and trioring.is_available("shm"):
-            algorithm = "cma_broadcast" if pushes else "pipe_broadcast"
-            assert report["calls"].get(algorithm) == 1, report
-            assert (report["calls"].get("push_into", 0) == 1) is (pushes and report["rank"] == 0)
-            reduce_pushed = push and _decision.pipe_reduce_limit(True) < nbytes
-            assert (report["calls"].get("_reduce_pushed", 0) == 1) is reduce_pushed, report
-            assert (report["calls"].get("pipe_allreduce", 0) == 1) is not reduce_pushed, report
-            # A broadcast's root writes into its readers; an allreduce's ranks, into each other.
-            root_writes = pushes and report["rank"] == 0
-            assert (report["writes"] > 0) is (root_writes or reduce_pushed), report
+        if not (trioring.is_available("cma") and trioring.is_available("shm")):
+            continue
+        calls = report["calls"]
+        assert calls.get("cma_broadcast", 0) == sum(pushed), report
+        assert calls.get("pipe_broadcast", 0) == len(sizes) - sum(pushed), report
+        assert calls.get("push_into", 0) == (sum(pushed) if report["rank"] == 0 else 0), report
+        assert calls.get("_reduce_pushed", 0) == sum(reduced), report
+        # Unpushed, an allreduce goes through the pipe up to PIPE_MAX_REDUCE_BYTES, by
+        # cross-memory attach above.
+        piped = [
+            not r and b <= _decision.PIPE_MAX_REDUCE_BYTES
+            for b, r in zip(sizes, reduced, strict=True)
+        ]
+        assert calls.get("pipe_allreduce", 0) == sum(piped), report
+        # A broadcast's root writes into its readers; an allreduce's ranks, into each other.
+        root_writes = any(pushed) and report["rank"] == 0
+        assert (report["writes"] > 0) is (root_writes or any(reduced)), report
 
 
 def test_one_rank_turning_pushing_off_turns_it_off_everywhere(tmp_path: Path) -> None:
-    reports = run_reports(
-        WORKER, ["natural", str(tmp_path)], tmp_path, 2, env={"PUSH_OFF_RANK": "1"}
-    )
+    reports = run_natural(tmp_path, 2, PUSH_OFF_RANK="1")
     assert [report["errors"] for report in reports] == [[], []]
     for report in reports:
         assert "push" not in report["features"], report

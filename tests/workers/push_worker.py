@@ -31,9 +31,9 @@ Modes:
 - ``write-fails-in-broadcast``, ``-allreduce``, ``-reduce``: rank 0's first write fails as
   ``process_vm_writev`` fails when the peer is gone (ESRCH): rank 0 must raise
   ``PeerFailedError`` naming rank 1, and every rank raise.
-- ``natural``: the CPU count and the decision table left as the ranks agreed them; one
-  broadcast of 1 MiB + 4 bytes from rank 0 and one allreduce of that size, checked on
-  every rank; reports which algorithms took them and whether the ranks wrote.
+- ``natural``: the CPU count and the decision table left as the ranks agreed them; a
+  broadcast from rank 0 and an allreduce of each size in bytes that ``NATURAL_SIZES``
+  lists (comma-separated), checked on every rank; reports which algorithms took them and whether the ranks wrote.
 
 ``PUSH_OFF_RANK=r`` makes rank r refuse pushing (``TRIORING_PUSH=0``). Writes
 ``rank{r}.json`` and exits 0 (errors of the collectives are recorded, not raised).
@@ -176,16 +176,20 @@ async def stress(comm: trioring.Communicator, rank: int) -> dict[str, Any]:
 
 
 async def natural(comm: trioring.Communicator, rank: int) -> dict[str, Any]:
-    count = (_push.PUSH_MIN_BYTES * 4 + 4) // 4
-    expected = make(np.dtype(np.float32), count, 0)
-    array = expected.copy() if rank == 0 else np.zeros(count, np.float32)
-    await comm.broadcast(array, root=0)
-    errors = [] if np.array_equal(array, expected) else ["broadcast"]
-    array = make(np.dtype(np.float32), count, rank)
-    await comm.allreduce(array)
-    total = sum(make(np.dtype(np.float32), count, q) for q in range(comm.world_size))
-    if not np.array_equal(array, total):
-        errors.append("allreduce")
+    errors = []
+    # The bytes of each pair of calls, from the test (NATURAL_SIZES: comma-separated).
+    for nbytes in map(int, os.environ["NATURAL_SIZES"].split(",")):
+        count = nbytes // 4
+        expected = make(np.dtype(np.float32), count, 0)
+        array = expected.copy() if rank == 0 else np.zeros(count, np.float32)
+        await comm.broadcast(array, root=0)
+        if not np.array_equal(array, expected):
+            errors.append(f"broadcast of {nbytes}")
+        array = make(np.dtype(np.float32), count, rank)
+        await comm.allreduce(array)
+        total = sum(make(np.dtype(np.float32), count, q) for q in range(comm.world_size))
+        if not np.array_equal(array, total):
+            errors.append(f"allreduce of {nbytes}")
     return {"errors": errors}
 
 
