@@ -72,7 +72,10 @@ __all__ = [
 #: 1.31 / 1.72, 512 KiB 1.11 / 1.40, 768 KiB 1.00 / 1.33, 1 MiB 1.03 / 1.32, 2 MiB 1.01 /
 #: 1.35, 4 MiB 0.87 / 1.42, 8 MiB 0.72 / 1.27, 16 MiB 0.52 / 0.75; pushed / read in two
 #: threads: 24 MiB 0.56 / 0.70, 64 MiB 0.60 / 0.68. Below, the slots won (forced, pushed /
-#: slots: 64 KiB 2.20 / 1.48, 128 KiB 1.43 / 1.06, 256 KiB 1.70 / 1.14).
+#: slots: 64 KiB 2.20 / 1.48, 128 KiB 1.43 / 1.06, 256 KiB 1.70 / 1.14). Those were the
+#: Intel machine's numbers: on other CPUs the decision table pushes broadcasts, allreduces
+#: and reduces only above the pipe's limits for pushed calls (_collectives._limits.
+#: PipeLimits), where an AMD EPYC measured the pipe ahead.
 PUSH_MIN_BYTES = 256 * 1024
 #: The root looks at the reader's word between writes of at most this many bytes, so a
 #: reader that leaves waits at most one (1 MiB: about 0.1-0.2 ms here).
