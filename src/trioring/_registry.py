@@ -218,7 +218,7 @@ def _features() -> list[Capability]:
                 "push",
                 _push_unavailable(),
                 "ranks on one host write into each other's arrays (process_vm_writev) in "
-                f"calls of more than {_pushed_from()}: each rank of an "
+                f"calls of more than {_pushed_from() // 1024} KiB: each rank of an "
                 "allreduce (a reduce) writes each piece of its segment into every other "
                 "rank's (the root's) as soon as it has reduced it, and, where every rank "
                 "has a CPU of its own, a broadcast's root writes a share of the array into "
@@ -228,15 +228,14 @@ def _features() -> list[Capability]:
     ]
 
 
-def _pushed_from() -> str:
-    """The size above which calls push here: PUSH_MIN_BYTES, or the pipe's limits for
+def _pushed_from() -> int:
+    """The bytes above which calls push here: PUSH_MIN_BYTES, or the pipe's limits for
     pushed calls where this CPU's vendor has them higher (see _collectives._limits)."""
-    nbytes = max(
+    return max(
         _push.PUSH_MIN_BYTES,
         _limits.PIPE_MAX_PUSHED_REDUCE_BYTES,
         _limits.PIPE_MAX_PUSHED_BROADCAST_BYTES,
     )
-    return f"{nbytes >> 20} MiB" if nbytes % (1 << 20) == 0 else f"{nbytes >> 10} KiB"
 
 
 def capabilities() -> tuple[Capability, ...]:
